@@ -1,0 +1,93 @@
+"""The rollout (generation) engine contract.
+
+A rollout engine turns prompt token ids into sampled responses with their log-probs. It never sees a
+train engine: new weights arrive as a stream of ``(hf_name, tensor)`` buckets (:meth:`load_weights`).
+"""
+
+from __future__ import annotations
+
+import abc
+from collections.abc import Iterable, Sequence
+from typing import Any, ClassVar
+
+import attrs
+
+from rlcore.api.train_engine import WeightBucket
+
+
+def _at_least_one(instance: Any, attribute: attrs.Attribute, value: int) -> None:
+    if value < 1:
+        raise ValueError(f"sampling.{attribute.name} must be >= 1, got {value}")
+
+
+@attrs.define(frozen=True)
+class SamplingParams:
+    """Sampling settings of one generate call. ``top_k=-1`` and ``top_p=1`` disable those filters;
+    ``temperature=0`` is greedy."""
+
+    n: int = attrs.field(default=1, validator=_at_least_one)
+    temperature: float = 1.0
+    top_p: float = 1.0
+    top_k: int = -1
+    max_tokens: int = attrs.field(default=128, validator=_at_least_one)
+    stop: tuple[str, ...] = ()
+    logprobs: bool = True
+    seed: int | None = None
+
+
+@attrs.define
+class Completion:
+    """One sampled response. ``log_probs[i]`` is the log-prob of ``token_ids[i]`` under the sampling
+    distribution (after temperature), ``finish_reason`` is ``"stop"`` or ``"length"``."""
+
+    prompt_ids: list[int]
+    token_ids: list[int]
+    log_probs: list[float] | None
+    finish_reason: str
+    text: str = ""
+
+
+@attrs.define
+class RolloutSpec:
+    """Engine-independent rollout settings (from the ``rollout:`` section)."""
+
+    model_path: str
+    dtype: str = "float32"  # must match the trainer's, or post-sync log-probs drift (FINDINGS.md)
+    tensor_parallel_size: int = 1
+    max_model_len: int = 2048
+    gpu_memory_utilization: float = 0.5
+    seed: int = 0
+
+
+class RolloutEngine(abc.ABC):
+    """Generation over one model replica (which may itself span ``tensor_parallel_size`` devices)."""
+
+    config_class: ClassVar[type | None] = None
+
+    def __init__(self, spec: RolloutSpec, config: Any, platform: Any):
+        self.spec, self.config, self.platform = spec, config, platform
+
+    @abc.abstractmethod
+    def generate(self, prompts: Sequence[Sequence[int]], params: SamplingParams) -> list[list[Completion]]:
+        """Sample ``params.n`` completions per prompt; ``result[i][j]`` is prompt ``i``'s ``j``-th."""
+
+    @abc.abstractmethod
+    async def agenerate(self, prompt: Sequence[int], params: SamplingParams) -> list[Completion]:
+        """One request, awaited; many may be in flight at once (multi-turn and agent loops)."""
+
+    @abc.abstractmethod
+    def load_weights(self, buckets: Iterable[WeightBucket]) -> None:
+        """Load a (possibly partial) weight stream in Hugging Face names, re-sharding for this engine's
+        tensor parallelism, then invalidate any cache computed with the old weights (prefix cache).
+        An unknown name raises and leaves the engine usable."""
+
+    @abc.abstractmethod
+    def release(self, tags: Sequence[str]) -> None:
+        """Free device memory held for ``tags`` (``"weights"``, ``"kv_cache"``)."""
+
+    @abc.abstractmethod
+    def resume(self, tags: Sequence[str]) -> None:
+        """Re-acquire memory released by :meth:`release`."""
+
+    def shutdown(self) -> None:
+        """Stop background processes. Default: nothing to stop."""

@@ -1,0 +1,137 @@
+"""The training engine contract.
+
+A ``TrainEngine`` owns one model and its optimizer, sharded over a process group of ``world_size``
+ranks (FSDP, Megatron TP/PP/DP, or one process). One instance runs on every rank; the controller calls
+the same method on all ranks of a role with each rank's data-parallel shard of the batch.
+
+Actor, critic, reference and reward-model roles are *configurations* of an engine
+(:class:`EngineSpec.head`), not subclasses.
+
+Loss normalisation across data-parallel ranks: :meth:`train_step` receives ``batch.meta["global_tokens"]``
+(valid response tokens in the whole mini-batch over all DP ranks) and ``batch.meta["global_sequences"]``;
+the loss function divides by these, so the engine must **sum** (not average) gradients over micro-batches
+and data-parallel ranks.
+"""
+
+from __future__ import annotations
+
+import abc
+from collections.abc import Callable, Iterator, Sequence
+from typing import Any, ClassVar
+
+import attrs
+import torch
+
+from rlcore.api.batch import Batch
+
+#: ``loss_fn(outputs, micro_batch) -> (loss, metrics)``. ``outputs`` holds what the engine computed for
+#: the micro-batch: ``log_probs [b, R]`` and ``entropy [b, R]`` (policy head) or ``values [b, R]``
+#: (value head). ``loss`` is a scalar already normalised by the global token/sequence counts in
+#: ``micro_batch.meta``. Must be picklable (it crosses to Ray workers).
+LossFn = Callable[[dict[str, torch.Tensor], Batch], tuple[torch.Tensor, dict[str, float]]]
+
+#: One bucket of the weight stream: ``[(hf_name, tensor), ...]``; see :mod:`rlcore.weights`.
+WeightBucket = list[tuple[str, torch.Tensor]]
+
+
+@attrs.define
+class DistInfo:
+    """Where this rank sits. ``master_addr``/``master_port`` rendezvous the process group."""
+
+    rank: int = 0
+    world_size: int = 1
+    local_rank: int = 0
+    master_addr: str = "127.0.0.1"
+    master_port: int = 29500
+
+
+@attrs.define
+class EngineSpec:
+    """Engine-independent description of one role's model (from the role's config section).
+
+    ``head``: ``"lm"`` (policy / reference: log-probs), ``"value"`` (critic: a scalar per token) or
+    ``"score"`` (reward model: a scalar per sequence, read at the last token).
+    """
+
+    model_path: str
+    head: str = "lm"
+    trainable: bool = True
+    dtype: str = "float32"  # parameter dtype
+    lr: float = 1e-6
+    weight_decay: float = 0.0
+    betas: tuple[float, float] = (0.9, 0.999)
+    grad_clip: float = 1.0
+    warmup_steps: int = 0
+    total_steps: int = 0  # for LR schedules; 0: constant after warm-up
+    lr_schedule: str = "constant"  # "constant" | "cosine"
+    min_lr_ratio: float = 0.0
+    micro_batch_size: int = 4
+    max_tokens_per_micro_batch: int | None = None  # dynamic micro-batches by token budget
+    gradient_checkpointing: bool = False
+    temperature: float = 1.0  # log-probs are of logits / temperature, as the rollout sampled them
+    seed: int = 0
+
+
+class TrainEngine(abc.ABC):
+    """A sharded model + optimizer. Constructed on every rank of its role.
+
+    ``config_class`` is the attrs class of the engine's own config section (``fsdp:``, ``megatron:``).
+    """
+
+    config_class: ClassVar[type | None] = None
+
+    def __init__(self, spec: EngineSpec, config: Any, platform: Any, dist: DistInfo):
+        self.spec, self.config, self.platform, self.dist = spec, config, platform, dist
+
+    @abc.abstractmethod
+    def train_step(self, batch: Batch, loss_fn: LossFn) -> dict[str, float]:
+        """One optimizer step on this rank's shard of a mini-batch.
+
+        ``batch`` holds ``input_ids, attention_mask, position_ids [b, P+R]``, ``responses [b, R]``,
+        ``response_mask [b, R]`` and whatever ``loss_fn`` reads. The engine splits it into
+        micro-batches, accumulates gradients (summed), clips, steps the optimizer and the LR schedule.
+        Returns metrics averaged as the engine sees fit (``loss``, ``grad_norm``, ``lr`` at least),
+        identical on every rank.
+        """
+
+    @abc.abstractmethod
+    def infer(self, batch: Batch, outputs: Sequence[str] = ("log_probs",)) -> Batch | None:
+        """Forward only. ``outputs`` from ``log_probs [b, R]``, ``entropy [b, R]``, ``values [b, R]``,
+        ``scores [b]``. Returns a batch with those fields on the ranks that hold results
+        (:meth:`holds_output`) and ``None`` elsewhere (Megatron's TP>0 and non-last PP stages).
+        """
+
+    def holds_output(self) -> bool:
+        """Whether :meth:`infer` returns the result on this rank (the controller collects from these)."""
+        return True
+
+    def dp_rank_and_size(self) -> tuple[int, int]:
+        """This rank's data-parallel coordinate, which decides its shard of a dispatched batch."""
+        return self.dist.rank, self.dist.world_size
+
+    @abc.abstractmethod
+    def export_weights(self, dtype: torch.dtype, bucket_bytes: int) -> Iterator[WeightBucket]:
+        """Full (unsharded) weights in Hugging Face names and ``dtype``, in buckets of at most
+        ``bucket_bytes`` (see :func:`rlcore.weights.bucketize`). Every rank must iterate (collectives);
+        only ranks where :meth:`holds_output` is true yield buckets.
+        """
+
+    @abc.abstractmethod
+    def release(self, tags: Sequence[str]) -> None:
+        """Move state named by ``tags`` (``"weights"``, ``"grads"``, ``"optimizer"``) off the device."""
+
+    @abc.abstractmethod
+    def resume(self, tags: Sequence[str]) -> None:
+        """Bring state released by :meth:`release` back to the device."""
+
+    @abc.abstractmethod
+    def save_checkpoint(self, path: str) -> None:
+        """Write model, optimizer and schedule state under directory ``path`` (collective)."""
+
+    @abc.abstractmethod
+    def load_checkpoint(self, path: str) -> None:
+        """Restore what :meth:`save_checkpoint` wrote (collective)."""
+
+    @abc.abstractmethod
+    def export_hf(self, path: str) -> None:
+        """Write a Hugging Face model folder that transformers and vLLM load (collective)."""

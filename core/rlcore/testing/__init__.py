@@ -1,0 +1,1 @@
+"""Test support for rlcore and its plugins: fake engines that really compute, and a contract suite."""

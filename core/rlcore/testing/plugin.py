@@ -1,0 +1,1 @@
+"""Registers the fake engines under ``fake`` (default plugin)."""
