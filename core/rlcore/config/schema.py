@@ -1,0 +1,255 @@
+"""The config tree of a run: attrs classes, one per section, each field documented with ``#:``.
+
+Plugin sections (``fsdp:``, ``vllm:``, ``megatron:`` ...) are not named here: the selected engines'
+plugins contribute their classes at load time (:mod:`rlcore.config.loader`).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import attrs
+
+from rlcore.data.config import DataConfig
+from rlcore.rewards.config import RewardConfig
+
+
+class FieldValueError(ValueError):
+    """A field's value failed its check; ``field`` lets the loader name the full key path."""
+
+    def __init__(self, field: str, message: str):
+        super().__init__(message)
+        self.field = field
+
+
+def _one_of(*allowed: str):
+    def check(instance: Any, attribute: attrs.Attribute, value: str) -> None:
+        if value not in allowed:
+            raise FieldValueError(attribute.name, f"must be one of {', '.join(allowed)}; got {value!r}")
+
+    return check
+
+
+def _positive(instance: Any, attribute: attrs.Attribute, value: int | None) -> None:
+    if value is not None and value < 1:
+        raise FieldValueError(attribute.name, f"must be >= 1, got {value!r}")
+
+
+@attrs.define(kw_only=True)
+class ModelConfig:
+    """The policy model. ``builtin:tiny`` is a tiny Qwen2 model made locally on first use."""
+
+    #: Hugging Face model folder (local path), or ``builtin:tiny``.
+    path: str = "builtin:tiny"
+    #: Tokenizer folder; defaults to ``path``.
+    tokenizer_path: str | None = None
+    #: Parameter dtype of trainer and rollout (they must agree for log-probs to match).
+    dtype: str = attrs.field(default="float32", validator=_one_of("float32", "bfloat16", "float16"))
+
+
+@attrs.define(kw_only=True)
+class OptimConfig:
+    """AdamW and its learning-rate schedule."""
+
+    #: Peak learning rate.
+    lr: float = 1e-6
+    #: Decoupled weight decay.
+    weight_decay: float = 0.0
+    #: Adam betas.
+    betas: tuple[float, float] = (0.9, 0.999)
+    #: Max global gradient norm (0 disables clipping).
+    grad_clip: float = 1.0
+    #: Linear warm-up steps.
+    warmup_steps: int = 0
+    #: ``constant`` or ``cosine`` (decays to ``min_lr_ratio * lr`` at ``trainer.total_steps``).
+    lr_schedule: str = attrs.field(default="constant", validator=_one_of("constant", "cosine"))
+    #: Final learning rate as a fraction of ``lr`` for the cosine schedule.
+    min_lr_ratio: float = 0.0
+
+
+@attrs.define(kw_only=True)
+class ActorConfig:
+    """The policy being trained (also sizes the reference model, which shares its engine)."""
+
+    #: Ranks of the train engine (data x tensor x pipeline parallel).
+    world_size: int = attrs.field(default=1, validator=_positive)
+    #: Optimizer settings.
+    optim: OptimConfig = attrs.Factory(OptimConfig)
+    #: Prompts per optimizer step (each carries ``rollout.n`` responses); ``None``: the whole batch.
+    ppo_mini_batch_size: int | None = attrs.field(default=None, validator=_positive)
+    #: Passes over each batch.
+    ppo_epochs: int = attrs.field(default=1, validator=_positive)
+    #: Sequences per forward/backward on one rank.
+    micro_batch_size: int = attrs.field(default=8, validator=_positive)
+    #: Token budget per micro-batch (dynamic micro-batches); ``None`` uses ``micro_batch_size``.
+    max_tokens_per_micro_batch: int | None = attrs.field(default=None, validator=_positive)
+    #: Recompute activations in backward to save memory.
+    gradient_checkpointing: bool = False
+
+
+@attrs.define(kw_only=True)
+class CriticConfig:
+    """The value model (PPO with GAE). Its engine is the train engine of the run."""
+
+    #: Model folder for the critic; ``None``: the policy model with a value head.
+    model_path: str | None = None
+    #: Ranks of the critic's train engine.
+    world_size: int = attrs.field(default=1, validator=_positive)
+    #: Optimizer settings.
+    optim: OptimConfig = attrs.Factory(lambda: OptimConfig(lr=1e-5))
+    #: Passes over each batch.
+    ppo_epochs: int = attrs.field(default=1, validator=_positive)
+    #: Sequences per forward/backward on one rank.
+    micro_batch_size: int = attrs.field(default=8, validator=_positive)
+    #: Value clipping range around the old values.
+    cliprange_value: float = 0.5
+
+
+@attrs.define(kw_only=True)
+class RolloutConfig:
+    """Generation: which rollout engine and how it samples."""
+
+    #: Rollout engine plugin (``vllm``, ``sglang``, ``hf`` ...); ``auto``: vllm when installed, else hf.
+    engine: str = "auto"
+    #: Responses sampled per prompt (the group size of GRPO/RLOO).
+    n: int = attrs.field(default=4, validator=_positive)
+    #: Sampling temperature (0: greedy).
+    temperature: float = 1.0
+    #: Nucleus sampling mass (1: off).
+    top_p: float = 1.0
+    #: Top-k filter (-1: off).
+    top_k: int = -1
+    #: Longest response in tokens.
+    max_response_length: int = attrs.field(default=256, validator=_positive)
+    #: Rollout engine replicas.
+    num_engines: int = attrs.field(default=1, validator=_positive)
+    #: Devices per replica.
+    tensor_parallel_size: int = attrs.field(default=1, validator=_positive)
+    #: Fraction of device memory the engine may take (GPU).
+    gpu_memory_utilization: float = 0.5
+    #: Temperature for validation (0: greedy).
+    val_temperature: float = 0.0
+    #: Responses per validation prompt.
+    val_n: int = attrs.field(default=1, validator=_positive)
+
+
+@attrs.define(kw_only=True)
+class KLControlConfig:
+    """KL-in-reward coefficient control (``fixed`` or ``adaptive``, Ziegler et al. 2019)."""
+
+    #: ``fixed`` or ``adaptive``.
+    type: str = attrs.field(default="fixed", validator=_one_of("fixed", "adaptive"))
+    #: Initial (or fixed) coefficient.
+    kl_coef: float = 0.001
+    #: Target KL of the adaptive controller.
+    target_kl: float = 0.1
+    #: Horizon of the adaptive controller.
+    horizon: int = 10000
+
+
+@attrs.define(kw_only=True)
+class AlgorithmConfig:
+    """The RL algorithm: a preset name; any other field left ``None`` takes the preset's value."""
+
+    #: Preset: ``grpo``, ``ppo``, ``dapo``, ``rloo``, ``reinforce_plus_plus``, ``gspo``, ``remax`` ...
+    name: str = "grpo"
+    #: Advantage estimator (``gae``, ``grpo``, ``rloo`` ...; see docs/algorithms.md).
+    adv_estimator: str | None = None
+    #: GRPO: divide by the group's reward std (False gives Dr.GRPO).
+    norm_adv_by_std_in_grpo: bool | None = None
+    #: GAE discount.
+    gamma: float = 1.0
+    #: GAE lambda.
+    lam: float = 1.0
+    #: Policy loss (``vanilla``, ``gspo``, ``cispo`` ...).
+    policy_loss: str | None = None
+    #: ``token-mean``, ``seq-mean-token-sum``, ``seq-mean-token-mean``, ``seq-mean-token-sum-norm``.
+    loss_agg_mode: str | None = None
+    #: Symmetric PPO clip range (used where ``clip_ratio_low/high`` are unset).
+    clip_ratio: float | None = None
+    #: Lower clip range (``1 - clip_ratio_low``).
+    clip_ratio_low: float | None = None
+    #: Upper clip range (``1 + clip_ratio_high``; DAPO's clip-higher).
+    clip_ratio_high: float | None = None
+    #: Dual-clip bound for negative advantages.
+    clip_ratio_c: float | None = None
+    #: Entropy bonus coefficient.
+    entropy_coeff: float | None = None
+    #: Add a KL(policy || reference) term to the actor loss.
+    use_kl_loss: bool | None = None
+    #: Coefficient of the KL loss.
+    kl_loss_coef: float | None = None
+    #: Estimator of the KL loss (``kl``, ``abs``, ``mse``, ``low_var_kl``, with ``+`` variants).
+    kl_loss_type: str | None = None
+    #: Subtract a KL penalty from the reward instead.
+    use_kl_in_reward: bool | None = None
+    #: Estimator of the in-reward KL penalty.
+    kl_penalty: str | None = None
+    #: Coefficient control of the in-reward KL penalty.
+    kl_ctrl: KLControlConfig = attrs.Factory(KLControlConfig)
+
+
+@attrs.define(kw_only=True)
+class TransportConfig:
+    """How weights travel from the trainer to the rollout engines."""
+
+    #: ``auto`` (in-process when colocated in one process, else ray), ``inprocess``, ``ray``, ``broadcast``.
+    name: str = "auto"
+    #: Bucket size of the weight stream in bytes.
+    bucket_bytes: int = attrs.field(default=256 * 2**20, validator=_positive)
+    #: Fail the run when trainer and rollout log-probs differ by more than this after a sync (None: report only).
+    max_logprob_diff: float | None = None
+    #: Probe prompts for the post-sync check (0 disables it).
+    check_prompts: int = 2
+
+
+@attrs.define(kw_only=True)
+class TrainerConfig:
+    """The run: length, placement, logging, checkpoints."""
+
+    #: Training steps (each: generate, score, update).
+    total_steps: int = attrs.field(default=30, validator=_positive)
+    #: Seed of everything seeded (data order, sampling, model init of built-ins).
+    seed: int = 0
+    #: ``auto`` picks the best available device platform; or a platform name (``cpu``, ``cuda`` ...).
+    device: str = "auto"
+    #: ``colocated`` (roles time-share devices) or ``split`` (rollout on its own devices).
+    placement: str = attrs.field(default="colocated", validator=_one_of("colocated", "split"))
+    #: Ray cluster to join (``auto``, ``host:port``, ``ray://...``); ``None`` starts a local one
+    #: (``RAY_ADDRESS`` is used when set).
+    ray_address: str | None = None
+    #: ``ray`` (workers are Ray actors) or ``local`` (one process, for debugging).
+    backend: str = attrs.field(default="ray", validator=_one_of("ray", "local"))
+    #: Where runs are written; each run gets ``<output_dir>/<experiment_name>``.
+    output_dir: str = "runs"
+    #: Name of this run's directory; ``None``: the algorithm name and a timestamp.
+    experiment_name: str | None = None
+    #: Save a checkpoint every N steps (0: only at the end).
+    save_freq: int = 0
+    #: ``auto`` resumes from the latest checkpoint in the run directory, ``disable`` starts fresh, or a path.
+    resume: str = "auto"
+    #: Validate every N steps (0: only before and after training).
+    val_freq: int = 10
+    #: Validate before the first step.
+    val_before_train: bool = True
+    #: Metric sinks: ``console``, ``jsonl``, ``tensorboard``, ``wandb``, ``mlflow``.
+    loggers: list[str] = attrs.Factory(lambda: ["console", "jsonl", "tensorboard"])
+
+
+@attrs.define(kw_only=True)
+class RLConfig:
+    """A whole run. Top-level keys besides these are plugin sections named after their engine."""
+
+    #: Train engine plugin for actor, critic and reference (``fsdp``, ``megatron`` ...).
+    engine: str = "fsdp"
+    trainer: TrainerConfig = attrs.Factory(TrainerConfig)
+    model: ModelConfig = attrs.Factory(ModelConfig)
+    data: DataConfig = attrs.Factory(DataConfig)
+    algorithm: AlgorithmConfig = attrs.Factory(AlgorithmConfig)
+    actor: ActorConfig = attrs.Factory(ActorConfig)
+    critic: CriticConfig = attrs.Factory(CriticConfig)
+    rollout: RolloutConfig = attrs.Factory(RolloutConfig)
+    reward: RewardConfig = attrs.Factory(RewardConfig)
+    transport: TransportConfig = attrs.Factory(TransportConfig)
+    #: Plugin sections, by name (``fsdp``, ``vllm`` ...), each an instance of the plugin's config class.
+    plugins: dict[str, Any] = attrs.Factory(dict)
