@@ -1,1 +1,24 @@
-"""Built-in rewards (default plugin)."""
+"""Built-in rewards (default plugin): rule scorers by data source and the ``rule`` provider.
+
+Targets are lazy ``"module:attribute"`` strings, so loading plugins imports no scorer and no torch.
+"""
+
+from __future__ import annotations
+
+from rlcore import hookimpl
+from rlcore.rewards.config import RewardConfig
+
+#: Data sources scored by the MATH rule (last ``\\boxed{}`` answer, normalised), as in verl.
+MATH_DATA_SOURCES = ("lighteval/MATH", "DigitalLearningGmbH/MATH-lighteval", "HuggingFaceH4/MATH-500")
+
+
+@hookimpl
+def register_reward_functions(register):
+    register("openai/gsm8k", "rlcore.rewards.gsm8k:compute_score")
+    for source in MATH_DATA_SOURCES:
+        register(source, "rlcore.rewards.math_reward:compute_score")
+
+
+@hookimpl
+def register_reward_providers(register):
+    register("rule", "rlcore.rewards.rule_provider:RuleRewardProvider", config=RewardConfig)
