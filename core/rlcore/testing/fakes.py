@@ -1,0 +1,598 @@
+"""Fake engines that really compute: a train engine and a rollout over :class:`TinyLM`.
+
+They implement the whole engine contracts with real gradients, real AdamW, real sampling and real
+log-probs, on a model small enough that a controller test runs a full RL step in milliseconds. Registered
+as train engine ``fake`` and rollout engine ``fake`` by :mod:`rlcore.testing.plugin`.
+
+Given the same model fields (:class:`FakeTrainConfig` / :class:`FakeRolloutConfig`) and seed
+(``EngineSpec.seed`` / ``RolloutSpec.seed``) both start from identical weights, and after
+``rollout.load_weights(train.export_weights(...))`` the rollout's log-probs equal the trainer's.
+With ``DistInfo.world_size > 1`` the train engine joins (or initialises) a process group and all-reduces
+gradients, so data parallelism with fakes is real data parallelism.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import math
+import os
+import shutil
+import threading
+import time
+from collections.abc import Iterable, Iterator, Sequence
+from pathlib import Path
+
+import torch
+import torch.distributed as tdist
+
+from rlcore.api import (
+    Batch,
+    Completion,
+    DistInfo,
+    EngineSpec,
+    LossFn,
+    RolloutEngine,
+    RolloutSpec,
+    SamplingParams,
+    TrainEngine,
+    WeightBucket,
+)
+from rlcore.testing.fake_config import FakeRolloutConfig, FakeTrainConfig, TinyLMConfig
+from rlcore.testing.tiny_lm import (
+    TinyLM,
+    dtype_from_name,
+    model_path_config,
+    resolve_vocab_size,
+    token_log_probs,
+)
+from rlcore.weights import assemble, bucketize
+
+__all__ = ["FakeRollout", "FakeRolloutConfig", "FakeTrainConfig", "FakeTrainEngine", "TinyLM"]
+
+_HEAD_OUTPUTS = {"lm": ("log_probs", "entropy"), "value": ("values",), "score": ("scores",)}
+_CHECKPOINT_FILE = "fake_engine.pt"
+
+
+def _default_platform(platform):
+    if platform is not None:
+        return platform
+    from rlcore.devices import get_platform
+
+    return get_platform("cpu")
+
+
+def _build_model(cfg: TinyLMConfig, model_path: str, head: str, seed: int, dtype: str) -> TinyLM:
+    vocab = resolve_vocab_size(cfg.vocab_size, model_path)
+    return TinyLM(
+        vocab, cfg.hidden_size, head=head, prev_token=cfg.prev_token, seed=seed, dtype=dtype_from_name(dtype)
+    )
+
+
+class _Released:
+    """Release/resume bookkeeping: which tags are off the device, and CPU copies of what they held."""
+
+    def __init__(self, owner: str, allowed: tuple[str, ...]):
+        self.owner, self.allowed = owner, allowed
+        self.tags: set[str] = set()
+        self.stash: dict[str, object] = {}
+
+    def check(self, tags: Sequence[str]) -> list[str]:
+        if isinstance(tags, str):
+            tags = [tags]
+        unknown = [t for t in tags if t not in self.allowed]
+        if unknown:
+            raise ValueError(f"{self.owner}: unknown release tag(s) {unknown}; allowed: {list(self.allowed)}")
+        return list(tags)
+
+    def require(self, what: str, *tags: str) -> None:
+        missing = sorted(set(tags) & self.tags)
+        if missing:
+            raise RuntimeError(f"{self.owner}.{what}: {missing} released; call resume({missing}) first")
+
+
+def _offload_params(model: torch.nn.Module) -> dict[str, torch.Tensor]:
+    """Copy parameters to the CPU and leave empty tensors in their place (frees device memory)."""
+    stash = {}
+    for name, p in model.named_parameters():
+        stash[name] = p.data.to("cpu", copy=True)
+        p.data = torch.empty(0, dtype=p.dtype, device=p.device)
+    return stash
+
+
+def _restore_params(model: torch.nn.Module, stash: dict[str, torch.Tensor], device: torch.device) -> None:
+    for name, p in model.named_parameters():
+        p.data = stash[name].to(device)
+
+
+def _spend(seconds: float) -> None:
+    if seconds > 0:
+        time.sleep(seconds)
+
+
+class FakeTrainEngine(TrainEngine):
+    """A :class:`TinyLM` with AdamW, data-parallel over a torch.distributed group when ``world_size > 1``.
+
+    ``released`` is the set of tags currently released (tests check it).
+    """
+
+    config_class = FakeTrainConfig
+    RELEASE_TAGS = ("weights", "grads", "optimizer")
+
+    def __init__(
+        self,
+        spec: EngineSpec,
+        config: FakeTrainConfig | None = None,
+        platform=None,
+        dist: DistInfo | None = None,
+    ):
+        super().__init__(spec, config or FakeTrainConfig(), _default_platform(platform), dist or DistInfo())
+        if spec.head not in _HEAD_OUTPUTS:
+            raise ValueError(f"EngineSpec.head must be one of {sorted(_HEAD_OUTPUTS)}, got {spec.head!r}")
+        if spec.lr_schedule not in ("constant", "cosine"):
+            raise ValueError(
+                f"EngineSpec.lr_schedule must be 'constant' or 'cosine', got {spec.lr_schedule!r}"
+            )
+        self.device = self.platform.set_device(self.dist.local_rank)
+        self._init_process_group()
+        self.model = _build_model(self.config, spec.model_path, spec.head, spec.seed, spec.dtype).to(
+            self.device
+        )
+        self.optimizer = torch.optim.AdamW(
+            self.model.parameters(), lr=spec.lr, betas=tuple(spec.betas), weight_decay=spec.weight_decay
+        )
+        self.global_step = 0
+        self._released = _Released("FakeTrainEngine", self.RELEASE_TAGS)
+
+    @property
+    def released(self) -> set[str]:
+        return set(self._released.tags)
+
+    def _init_process_group(self) -> None:
+        self._owns_group = False
+        if self.dist.world_size <= 1:
+            return
+        if not tdist.is_initialized():
+            tdist.init_process_group(
+                self.platform.dist_backend,
+                init_method=f"tcp://{self.dist.master_addr}:{self.dist.master_port}",
+                rank=self.dist.rank,
+                world_size=self.dist.world_size,
+            )
+            self._owns_group = True
+        if tdist.get_world_size() != self.dist.world_size:
+            raise RuntimeError(
+                f"FakeTrainEngine: DistInfo.world_size={self.dist.world_size} but the initialised process "
+                f"group has {tdist.get_world_size()} ranks"
+            )
+
+    def close(self) -> None:
+        """Destroy the process group if this engine created it."""
+        if self._owns_group and tdist.is_initialized():
+            tdist.destroy_process_group()
+            self._owns_group = False
+
+    # -- forward ---------------------------------------------------------------------------------
+    def _micro_batches(self, batch: Batch) -> list[Batch]:
+        budget = self.spec.max_tokens_per_micro_batch
+        if budget is None:
+            return batch.split(self.spec.micro_batch_size) if len(batch) else []
+        lengths = batch["attention_mask"].sum(1).tolist()
+        groups, rows, used = [], [], 0
+        for i, n in enumerate(lengths):
+            if rows and used + n > budget:
+                groups.append(rows)
+                rows, used = [], 0
+            rows.append(i)
+            used += n
+        if rows:
+            groups.append(rows)
+        return [batch.index(g) for g in groups]
+
+    def _forward(self, mb: Batch) -> dict[str, torch.Tensor]:
+        """Everything this engine's head produces for a micro-batch; see :class:`rlcore.api.LossFn`."""
+        ids = mb["input_ids"].to(self.device)
+        attn = mb["attention_mask"].to(self.device)
+        out = self.model(ids, attn)
+        if self.spec.head == "score":
+            # Score at the last real token of each row (responses are right-padded).
+            last = attn.shape[1] - 1 - attn.flip(1).long().argmax(1)
+            return {"scores": out[torch.arange(out.shape[0], device=out.device), last]}
+        responses = mb["responses"].to(self.device)
+        r = responses.shape[1]
+        mask = mb.get("response_mask")
+        mask = (attn[:, -r:] if mask is None else mask.to(self.device)).to(out.dtype)
+        # Position t predicts token t+1: the response tokens are predicted from positions -R-1 .. -2.
+        head = out[:, -r - 1 : -1]
+        if self.spec.head == "value":
+            return {"values": head * mask}
+        log_probs, entropy = token_log_probs(head, responses, self.spec.temperature)
+        return {"log_probs": log_probs * mask, "entropy": entropy * mask}
+
+    # -- TrainEngine -----------------------------------------------------------------------------
+    def train_step(self, batch: Batch, loss_fn: LossFn) -> dict[str, float]:
+        if not self.spec.trainable:
+            raise RuntimeError("FakeTrainEngine.train_step: this engine was built with trainable=False")
+        self._released.require("train_step", "weights", "optimizer")
+        _spend(self.config.step_cost_s)
+        self.model.train()
+        self.optimizer.zero_grad(set_to_none=True)
+        loss_sum, metric_sums, micro = 0.0, {}, 0
+        for mb in self._micro_batches(batch):
+            loss, metrics = loss_fn(self._forward(mb), mb)
+            if not isinstance(loss, torch.Tensor) or loss.dim() != 0:
+                raise TypeError(f"loss_fn must return a scalar tensor as its loss, got {loss!r}")
+            # Summed, not averaged: the loss is already normalised by the global token count.
+            loss.backward()
+            loss_sum += float(loss.detach())
+            for k, v in metrics.items():
+                metric_sums[k] = metric_sums.get(k, 0.0) + float(v)
+            micro += 1
+        params = list(self.model.parameters())
+        for p in params:
+            if p.grad is None:  # a rank without rows still joins the all-reduce
+                p.grad = torch.zeros_like(p)
+        keys = sorted(metric_sums)
+        stats = torch.tensor([loss_sum, micro, *(metric_sums[k] for k in keys)], dtype=torch.float64)
+        if self.dist.world_size > 1:
+            for p in params:
+                tdist.all_reduce(p.grad, op=tdist.ReduceOp.SUM)
+            stats = stats.to(self.device)
+            tdist.all_reduce(stats, op=tdist.ReduceOp.SUM)
+            stats = stats.cpu()
+        clip = self.spec.grad_clip if self.spec.grad_clip and self.spec.grad_clip > 0 else math.inf
+        grad_norm = float(torch.nn.utils.clip_grad_norm_(params, clip))
+        lr = self.spec.lr * self._lr_factor(self.global_step)
+        for group in self.optimizer.param_groups:
+            group["lr"] = lr
+        if math.isfinite(grad_norm):
+            self.optimizer.step()
+        self.optimizer.zero_grad(set_to_none=True)
+        self.global_step += 1
+        n_micro = max(float(stats[1]), 1.0)
+        result = {"loss": float(stats[0]), "grad_norm": grad_norm, "lr": lr}
+        result.update({k: float(stats[2 + i]) / n_micro for i, k in enumerate(keys)})
+        return result
+
+    def _lr_factor(self, step: int) -> float:
+        spec = self.spec
+        if step < spec.warmup_steps:
+            return (step + 1) / spec.warmup_steps
+        if spec.lr_schedule == "cosine" and spec.total_steps > spec.warmup_steps:
+            progress = min(1.0, (step - spec.warmup_steps) / (spec.total_steps - spec.warmup_steps))
+            return spec.min_lr_ratio + (1 - spec.min_lr_ratio) * 0.5 * (1 + math.cos(math.pi * progress))
+        return 1.0
+
+    def infer(self, batch: Batch, outputs: Sequence[str] = ("log_probs",)) -> Batch:
+        if isinstance(outputs, str):
+            outputs = [outputs]
+        allowed = _HEAD_OUTPUTS[self.spec.head]
+        wrong = [o for o in outputs if o not in allowed]
+        if wrong:
+            raise ValueError(
+                f"FakeTrainEngine with head {self.spec.head!r} computes {list(allowed)}, not {wrong}"
+            )
+        self._released.require("infer", "weights")
+        _spend(self.config.infer_cost_s)
+        self.model.eval()
+        parts: dict[str, list[torch.Tensor]] = {o: [] for o in outputs}
+        with torch.no_grad():
+            for mb in self._micro_batches(batch):
+                result = self._forward(mb)
+                for o in outputs:
+                    parts[o].append(result[o].cpu())
+        return Batch({o: torch.cat(v) if v else torch.empty(0) for o, v in parts.items()})
+
+    def export_weights(self, dtype: torch.dtype, bucket_bytes: int) -> Iterator[WeightBucket]:
+        self._released.require("export_weights", "weights")
+        # Clones: the stream is a snapshot, unaffected by later optimizer steps.
+        named = ((name, p.detach().clone()) for name, p in self.model.named_parameters())
+        return bucketize(named, bucket_bytes, dtype)
+
+    def release(self, tags: Sequence[str]) -> None:
+        for tag in self._released.check(tags):
+            if tag in self._released.tags:
+                continue
+            if tag == "weights":
+                self._released.stash["weights"] = _offload_params(self.model)
+            elif tag == "optimizer":
+                state = self.optimizer.state_dict()
+                self._released.stash["optimizer"] = _to_cpu(state)
+                self.optimizer.state.clear()
+            else:  # grads: none are kept between steps, so there is nothing to copy
+                self.optimizer.zero_grad(set_to_none=True)
+            self._released.tags.add(tag)
+
+    def resume(self, tags: Sequence[str]) -> None:
+        tags = self._released.check(tags)
+        # Weights first: optimizer state is placed next to its parameters.
+        for tag in sorted(tags, key=lambda t: t != "weights"):
+            if tag not in self._released.tags:
+                continue
+            stash = self._released.stash.pop(tag, None)
+            if tag == "weights":
+                _restore_params(self.model, stash, self.device)
+            elif tag == "optimizer":
+                self.optimizer.load_state_dict(stash)
+            self._released.tags.discard(tag)
+
+    # -- files -----------------------------------------------------------------------------------
+    def _shape(self) -> dict:
+        m = self.model
+        return {
+            "vocab_size": m.vocab_size,
+            "hidden_size": m.hidden_size,
+            "prev_token": m.prev_token,
+            "head": m.head,
+        }
+
+    def _barrier(self) -> None:
+        if self.dist.world_size > 1:
+            tdist.barrier()
+
+    def save_checkpoint(self, path: str) -> None:
+        self._released.require("save_checkpoint", "weights", "optimizer")
+        if self.dist.rank == 0:
+            state = {
+                "model": self.model.state_dict(),
+                "optimizer": self.optimizer.state_dict(),
+                "global_step": self.global_step,
+                "shape": self._shape(),
+            }
+            with _atomic_dir(path) as tmp:
+                torch.save(state, tmp / _CHECKPOINT_FILE)
+        self._barrier()
+
+    def load_checkpoint(self, path: str) -> None:
+        self._released.require("load_checkpoint", "weights", "optimizer")
+        file = Path(path) / _CHECKPOINT_FILE
+        if not file.is_file():
+            raise FileNotFoundError(f"no FakeTrainEngine checkpoint at {path} (missing {_CHECKPOINT_FILE})")
+        state = torch.load(file, map_location=self.device, weights_only=True)
+        if state["shape"] != self._shape():
+            raise ValueError(
+                f"checkpoint {path} holds a TinyLM {state['shape']}, but this engine's model is {self._shape()}"
+            )
+        self.model.load_state_dict(state["model"])
+        self.optimizer.load_state_dict(state["optimizer"])
+        self.global_step = int(state["global_step"])
+
+    def export_hf(self, path: str) -> None:
+        from safetensors.torch import save_file
+
+        self._released.require("export_hf", "weights")
+        if self.dist.rank == 0:
+            tensors = {n: p.detach().contiguous().cpu() for n, p in self.model.named_parameters()}
+            config = {
+                "architectures": ["RlcoreTinyLM"],
+                "model_type": "rlcore_tiny_lm",
+                "torch_dtype": self.spec.dtype,
+                **self._shape(),
+            }
+            with _atomic_dir(path) as tmp:
+                save_file(tensors, str(tmp / "model.safetensors"), metadata={"format": "pt"})
+                (tmp / "config.json").write_text(json.dumps(config, indent=2) + "\n")
+                _copy_tokenizer(self.spec.model_path, tmp)
+        self._barrier()
+
+
+def _to_cpu(obj):
+    if isinstance(obj, torch.Tensor):
+        return obj.to("cpu", copy=True)
+    if isinstance(obj, dict):
+        return {k: _to_cpu(v) for k, v in obj.items()}
+    if isinstance(obj, list):
+        return [_to_cpu(v) for v in obj]
+    return obj
+
+
+class _atomic_dir:
+    """``with _atomic_dir(path) as tmp``: write into ``tmp``; on success it replaces ``path`` whole,
+    so a crash mid-write never leaves a half-written folder under ``path``."""
+
+    def __init__(self, path: str | os.PathLike):
+        self.path = Path(path)
+        self.tmp = self.path.with_name(f".{self.path.name}.tmp-{os.getpid()}")
+
+    def __enter__(self) -> Path:
+        self.path.parent.mkdir(parents=True, exist_ok=True)
+        shutil.rmtree(self.tmp, ignore_errors=True)
+        self.tmp.mkdir()
+        return self.tmp
+
+    def __exit__(self, exc_type, exc, tb) -> None:
+        if exc_type is not None:
+            shutil.rmtree(self.tmp, ignore_errors=True)
+            return
+        old = self.path.with_name(f".{self.path.name}.old-{os.getpid()}")
+        if self.path.exists():
+            self.path.rename(old)
+        self.tmp.rename(self.path)
+        shutil.rmtree(old, ignore_errors=True)
+
+
+def _copy_tokenizer(model_path: str, dest: Path) -> None:
+    """Copy tokenizer files from the source model folder, so the export is a loadable model folder."""
+    src = Path(model_path) if model_path else None
+    if src is None or not src.is_dir():
+        return
+    for f in src.iterdir():
+        if f.is_file() and (
+            f.name.startswith("tokenizer")
+            or f.name in ("special_tokens_map.json", "vocab.json", "merges.txt")
+        ):
+            shutil.copy2(f, dest / f.name)
+
+
+class FakeRollout(RolloutEngine):
+    """Samples from its own :class:`TinyLM` (``lm`` head). ``released`` is the set of released tags;
+    ``weight_version`` counts successful :meth:`load_weights` calls."""
+
+    config_class = FakeRolloutConfig
+    RELEASE_TAGS = ("weights", "kv_cache")
+
+    def __init__(self, spec: RolloutSpec, config: FakeRolloutConfig | None = None, platform=None):
+        super().__init__(spec, config or FakeRolloutConfig(), _default_platform(platform))
+        self.device = self.platform.set_device(0)
+        self.model = _build_model(self.config, spec.model_path, "lm", spec.seed, spec.dtype).to(self.device)
+        self.model.eval()
+        self.stop_ids = set(self.config.stop_token_ids)
+        eos = self.config.eos_token_id
+        if eos is None:
+            eos = model_path_config(spec.model_path).get("eos_token_id")
+        self.stop_ids |= set(eos if isinstance(eos, list) else [] if eos is None else [eos])
+        self.weight_version = 0
+        self._released = _Released("FakeRollout", self.RELEASE_TAGS)
+        self._rng = torch.Generator().manual_seed(spec.seed)
+        self._rng_lock = threading.Lock()
+        self._tokenizer = None
+
+    @property
+    def released(self) -> set[str]:
+        return set(self._released.tags)
+
+    def _tokenizer_or_none(self):
+        if self._tokenizer is None and self.spec.model_path:
+            if (Path(self.spec.model_path) / "tokenizer_config.json").is_file():
+                from transformers import AutoTokenizer
+
+                self._tokenizer = AutoTokenizer.from_pretrained(self.spec.model_path)
+        return self._tokenizer
+
+    def _check(self, params: SamplingParams) -> None:
+        if params.temperature < 0:
+            raise ValueError(f"sampling.temperature must be >= 0, got {params.temperature}")
+        if not 0 < params.top_p <= 1:
+            raise ValueError(f"sampling.top_p must be in (0, 1], got {params.top_p}")
+        if params.stop and self._tokenizer_or_none() is None:
+            raise ValueError(
+                f"sampling.stop={list(params.stop)} needs a tokenizer, and {self.spec.model_path!r} has none; "
+                f"use fake.stop_token_ids instead"
+            )
+
+    def generate(self, prompts: Sequence[Sequence[int]], params: SamplingParams) -> list[list[Completion]]:
+        self._released.require("generate", "weights", "kv_cache")
+        self._check(params)
+        _spend(self.config.generate_cost_s)
+        return [self._sample(list(p), params, row) for row, p in enumerate(prompts)]
+
+    async def agenerate(self, prompt: Sequence[int], params: SamplingParams) -> list[Completion]:
+        # A worker thread, so many requests (each possibly paying generate_cost_s) overlap.
+        return (await asyncio.to_thread(self.generate, [prompt], params))[0]
+
+    def _generator(self, params: SamplingParams) -> torch.Generator:
+        if params.seed is not None:
+            seed = params.seed
+        else:
+            with self._rng_lock:
+                seed = int(torch.randint(2**62, (1,), generator=self._rng))
+        return torch.Generator(device=self.device).manual_seed(seed)
+
+    @torch.no_grad()
+    def _sample(self, prompt: list[int], params: SamplingParams, row: int) -> list[Completion]:
+        if not prompt:
+            raise ValueError(f"prompt {row} is empty; every prompt needs at least one token")
+        budget = min(params.max_tokens, self.spec.max_model_len - len(prompt))
+        if budget < 1:
+            raise ValueError(
+                f"prompt {row} has {len(prompt)} tokens, which leaves no room under max_model_len="
+                f"{self.spec.max_model_len}"
+            )
+        n, greedy = params.n, params.temperature == 0
+        gen = None if greedy else self._generator(params)
+        # The model sees (previous, current) token pairs; mask the previous one for a 1-token prompt.
+        window = torch.tensor([[prompt[-2] if len(prompt) > 1 else 0, prompt[-1]]] * n, device=self.device)
+        mask = torch.tensor([[int(len(prompt) > 1), 1]] * n, device=self.device)
+        tokens: list[list[int]] = [[] for _ in range(n)]
+        log_probs: list[list[float]] = [[] for _ in range(n)]
+        finish = ["length"] * n
+        texts: list[str | None] = [None] * n  # set when a stop string ends a completion
+        active = list(range(n))
+        for _ in range(budget):
+            logits = self.model(window, mask)[:, 1]  # [n, V]
+            chosen = self._choose(logits, params, gen)
+            lp, _ = token_log_probs(logits, chosen, params.temperature if not greedy else 1.0)
+            for i in list(active):
+                token = int(chosen[i])
+                tokens[i].append(token)
+                log_probs[i].append(float(lp[i]))
+                if token in self.stop_ids or self._hit_stop_string(tokens[i], params, texts, i):
+                    finish[i] = "stop"
+                    active.remove(i)
+            if not active:
+                break
+            window = torch.stack([window[:, 1], chosen], dim=1)
+            mask = torch.ones_like(mask)
+        tok = self._tokenizer_or_none()
+        out = []
+        for i in range(n):
+            text = texts[i]
+            if text is None:
+                text = tok.decode(tokens[i], skip_special_tokens=True) if tok is not None else ""
+            out.append(
+                Completion(
+                    list(prompt), tokens[i], log_probs[i] if params.logprobs else None, finish[i], text
+                )
+            )
+        return out
+
+    def _hit_stop_string(self, tokens: list[int], params: SamplingParams, texts: list, i: int) -> bool:
+        if not params.stop:
+            return False
+        text = self._tokenizer_or_none().decode(tokens, skip_special_tokens=True)
+        for s in params.stop:
+            at = text.find(s)
+            if at >= 0:
+                texts[i] = text[:at]  # as vLLM: the stop string itself is not part of the text
+                return True
+        return False
+
+    @staticmethod
+    def _choose(logits: torch.Tensor, params: SamplingParams, gen: torch.Generator | None) -> torch.Tensor:
+        """Next token per row of ``logits [n, V]``: argmax when greedy, else a draw after top-k/top-p."""
+        if gen is None:
+            return logits.argmax(-1)
+        scaled = logits.float() / params.temperature
+        if 0 < params.top_k < scaled.shape[-1]:
+            kth = scaled.topk(params.top_k, dim=-1).values[:, -1:]
+            scaled = scaled.masked_fill(scaled < kth, -math.inf)
+        if params.top_p < 1:
+            probs, order = scaled.softmax(-1).sort(-1, descending=True)
+            # Keep the smallest prefix whose mass reaches top_p (the first token always stays).
+            drop_sorted = probs.cumsum(-1) - probs >= params.top_p
+            drop = torch.zeros_like(drop_sorted).scatter(-1, order, drop_sorted)
+            scaled = scaled.masked_fill(drop, -math.inf)
+        return torch.multinomial(scaled.softmax(-1), 1, generator=gen).squeeze(-1)
+
+    def load_weights(self, buckets: Iterable[WeightBucket]) -> None:
+        self._released.require("load_weights", "weights")
+        params = dict(self.model.named_parameters())
+        staged = {}
+        # Check the whole stream before copying anything: a bad name leaves the old weights intact.
+        for name, tensor in assemble(buckets):
+            if name not in params:
+                raise ValueError(
+                    f"FakeRollout.load_weights: unknown weight {name!r}; this model has {sorted(params)}"
+                )
+            if tuple(tensor.shape) != tuple(params[name].shape):
+                raise ValueError(
+                    f"FakeRollout.load_weights: {name!r} has shape {tuple(tensor.shape)}, "
+                    f"the model expects {tuple(params[name].shape)}"
+                )
+            staged[name] = tensor
+        with torch.no_grad():
+            for name, tensor in staged.items():
+                params[name].copy_(tensor.to(device=self.device, dtype=params[name].dtype))
+        self.weight_version += 1
+
+    def release(self, tags: Sequence[str]) -> None:
+        for tag in self._released.check(tags):
+            if tag == "weights" and tag not in self._released.tags:
+                self._released.stash["weights"] = _offload_params(self.model)
+            self._released.tags.add(tag)  # kv_cache: the fake keeps no cache between calls
+
+    def resume(self, tags: Sequence[str]) -> None:
+        for tag in self._released.check(tags):
+            if tag == "weights" and tag in self._released.tags:
+                _restore_params(self.model, self._released.stash.pop("weights"), self.device)
+            self._released.tags.discard(tag)
