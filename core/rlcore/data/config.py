@@ -6,6 +6,8 @@ from typing import Any
 
 import attrs
 
+from rlcore.data.files import SUPPORTED_SUFFIXES
+
 TRUNCATION_MODES = ("error", "left", "right", "middle")
 
 
@@ -20,9 +22,21 @@ def _truncation(instance: Any, attribute: attrs.Attribute, value: str) -> None:
 
 
 def _file_list(instance: Any, attribute: attrs.Attribute, value: list[str]) -> None:
-    # A single path structured into list[str] arrives as its characters; catch that early.
+    key = f"data.{attribute.name}"
     if isinstance(value, str) or not all(isinstance(v, str) for v in value):
-        raise ValueError(f"data.{attribute.name} must be a list of file paths, got {value!r}")
+        raise ValueError(f"{key} must be a list of file paths, got {value!r}")
+    if len(value) > 1 and all(len(v) == 1 for v in value):
+        # What a structuring layer makes of a bare string given for a list.
+        raise ValueError(
+            f"{key} looks like one path split into characters ({''.join(value)!r}); write it as a list: "
+            f"{key}=[{''.join(value)}]"
+        )
+    for i, path in enumerate(value):
+        if not path.lower().endswith(SUPPORTED_SUFFIXES):
+            raise ValueError(
+                f"{key}[{i}] = {path!r} is not a {', '.join(SUPPORTED_SUFFIXES)} file; rlcore reads prompt data "
+                "in verl's schema from those."
+            )
 
 
 @attrs.define(kw_only=True)

@@ -238,3 +238,11 @@ def test_config_rejects_bad_values():
         DataConfig(max_prompt_length=0)
     with pytest.raises(ValueError, match=r"data\.train_files must be a list of file paths, got 'a\.parquet'"):
         DataConfig(train_files="a.parquet")
+    with pytest.raises(
+        ValueError, match=r"data\.train_files looks like one path split into characters \('a\.parquet'\)"
+    ):
+        DataConfig(train_files=list("a.parquet"))
+    with pytest.raises(
+        ValueError, match=r"data\.val_files\[1\] = 'b\.csv' is not a \.parquet, \.jsonl, \.json file"
+    ):
+        DataConfig(val_files=["a.jsonl", "b.csv"])
