@@ -5,7 +5,6 @@ import statistics
 
 import pytest
 import torch
-
 from rlcore import algorithms
 from rlcore.algorithms import advantages as adv_mod
 from rlcore.builtin.algorithms import ADVANTAGE_ESTIMATORS

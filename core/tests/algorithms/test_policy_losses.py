@@ -4,7 +4,6 @@ import math
 
 import pytest
 import torch
-
 from rlcore import algorithms
 from rlcore.algorithms import policy_losses as pl
 
