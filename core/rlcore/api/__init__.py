@@ -1,27 +1,39 @@
-"""rlcore's public interfaces. Plugins import from here (and from :mod:`rlcore.testing`)."""
+"""rlcore's public interfaces. Plugins import from here (and from :mod:`rlcore.testing`).
 
-from rlcore.api.algorithm import Algorithm
-from rlcore.api.batch import Batch
-from rlcore.api.device import DevicePlatform
-from rlcore.api.reward import RewardProvider, place_sequence_scores
-from rlcore.api.rollout_engine import Completion, RolloutEngine, RolloutSpec, SamplingParams
-from rlcore.api.train_engine import DistInfo, EngineSpec, LossFn, TrainEngine, WeightBucket
-from rlcore.api.weight_transport import WeightTransport
+Names resolve lazily (PEP 562) so that importing one interface module, as the built-in device plugin
+does, does not import torch: loading plugins stays cheap in every process.
+"""
 
-__all__ = [
-    "Algorithm",
-    "Batch",
-    "Completion",
-    "DevicePlatform",
-    "DistInfo",
-    "EngineSpec",
-    "LossFn",
-    "RewardProvider",
-    "RolloutEngine",
-    "RolloutSpec",
-    "SamplingParams",
-    "TrainEngine",
-    "WeightBucket",
-    "WeightTransport",
-    "place_sequence_scores",
-]
+import importlib
+
+_EXPORTS = {
+    "Algorithm": "rlcore.api.algorithm",
+    "Batch": "rlcore.api.batch",
+    "Completion": "rlcore.api.rollout_engine",
+    "DevicePlatform": "rlcore.api.device",
+    "DistInfo": "rlcore.api.train_engine",
+    "EngineSpec": "rlcore.api.train_engine",
+    "LossFn": "rlcore.api.train_engine",
+    "RewardProvider": "rlcore.api.reward",
+    "RolloutEngine": "rlcore.api.rollout_engine",
+    "RolloutSpec": "rlcore.api.rollout_engine",
+    "SamplingParams": "rlcore.api.rollout_engine",
+    "TrainEngine": "rlcore.api.train_engine",
+    "WeightBucket": "rlcore.api.train_engine",
+    "WeightTransport": "rlcore.api.weight_transport",
+    "place_sequence_scores": "rlcore.api.reward",
+}
+
+__all__ = sorted(_EXPORTS)
+
+
+def __getattr__(name: str):
+    if name not in _EXPORTS:
+        raise AttributeError(f"module 'rlcore.api' has no attribute {name!r}")
+    value = getattr(importlib.import_module(_EXPORTS[name]), name)
+    globals()[name] = value
+    return value
+
+
+def __dir__():
+    return __all__

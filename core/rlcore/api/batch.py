@@ -146,7 +146,11 @@ class Batch:
     def repeat(self, times: int, interleave: bool = True) -> Batch:
         """Each row ``times`` times: ``aabb`` when ``interleave`` else ``abab``."""
         n = len(self)
-        rows = [i for i in range(n) for _ in range(times)] if interleave else [i for _ in range(times) for i in range(n)]
+        rows = (
+            [i for i in range(n) for _ in range(times)]
+            if interleave
+            else [i for _ in range(times) for i in range(n)]
+        )
         return self.index(rows)
 
     @staticmethod
@@ -158,7 +162,9 @@ class Batch:
         keys = set(batches[0].keys())
         for b in batches[1:]:
             if set(b.keys()) != keys:
-                raise ValueError(f"cannot concat batches with different fields: {sorted(keys)} vs {sorted(b.keys())}")
+                raise ValueError(
+                    f"cannot concat batches with different fields: {sorted(keys)} vs {sorted(b.keys())}"
+                )
         tensors = {}
         for k in batches[0].tensors:
             parts = [b.tensors[k] for b in batches]

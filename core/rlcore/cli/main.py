@@ -20,13 +20,17 @@ def _add_config_args(parser: argparse.ArgumentParser) -> None:
 
 
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="rlcore", description="RL post-training of LLMs with pluggable engines.")
+    parser = argparse.ArgumentParser(
+        prog="rlcore", description="RL post-training of LLMs with pluggable engines."
+    )
     parser.add_argument("--version", action="version", version=f"rlcore {__version__}")
     sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
 
     train = sub.add_parser("train", help="run training (GRPO on a built-in task by default)")
     _add_config_args(train)
-    train.add_argument("--ray-address", help="join this Ray cluster (default: RAY_ADDRESS, else start a local one)")
+    train.add_argument(
+        "--ray-address", help="join this Ray cluster (default: RAY_ADDRESS, else start a local one)"
+    )
 
     plugins = sub.add_parser("plugins", help="list installed plugins and what they register")
     plugins.add_argument("--json", action="store_true", help="print a JSON list")

@@ -13,6 +13,7 @@ from typing import Any
 
 import attrs
 import cattrs
+import yaml
 from omegaconf import OmegaConf
 from omegaconf.errors import OmegaConfBaseException
 
@@ -41,6 +42,11 @@ def _make_converter() -> cattrs.Converter:
     converter.register_structure_hook(float, _strict(float, (int, float)))
     converter.register_structure_hook(bool, _strict(bool, (bool,)))
     converter.register_structure_hook(str, _strict(str, (str,)))
+    # verl scripts write `data.train_files=a.parquet`: a single path means a list of one.
+    converter.register_structure_hook_func(
+        lambda t: t == list[str],
+        lambda v, _t: [_strict(str, (str,))(x, str) for x in ([v] if isinstance(v, str) else v)],
+    )
     return converter
 
 
@@ -104,12 +110,15 @@ def _read_yaml(path: str | Path) -> Any:
     if not path.is_file():
         raise ConfigError(f"config file {str(path)!r} does not exist")
     try:
-        conf = OmegaConf.load(path)
-    except Exception as exc:
+        data = yaml.safe_load(path.read_text())
+    except yaml.YAMLError as exc:
         raise ConfigError(f"config file {str(path)!r} is not valid YAML: {exc}") from exc
-    if not isinstance(OmegaConf.to_container(conf), dict):
-        raise ConfigError(f"config file {str(path)!r} must hold a mapping of sections at the top level")
-    return conf
+    if not isinstance(data, dict):
+        raise ConfigError(
+            f"config file {str(path)!r} must hold a mapping of sections at the top level "
+            f"(trainer:, data:, ...), got {type(data).__name__}"
+        )
+    return OmegaConf.create(data)
 
 
 def merge_sources(
@@ -142,9 +151,12 @@ def merge_sources(
 
 def defaults(engine: str = "fsdp", rollout: str = "auto") -> dict[str, Any]:
     """The default config, with the selected engines' plugin sections, as a plain dict."""
-    return to_dict(RLConfig(engine=engine, plugins={
-        name: cls() for name, cls in plugin_sections(engine, resolve_rollout(rollout)).items()
-    }))
+    return to_dict(
+        RLConfig(
+            engine=engine,
+            plugins={name: cls() for name, cls in plugin_sections(engine, resolve_rollout(rollout)).items()},
+        )
+    )
 
 
 def load_config(

@@ -1,0 +1,102 @@
+"""Config loading: defaults <- YAML <- overrides, and every kind of invalid input with its message."""
+
+import pytest
+from rlcore.config import ConfigError, load_config, to_dict, to_yaml
+from rlcore.config.schema import RLConfig
+
+
+def test_defaults_structure_and_plugin_sections():
+    config = load_config(engine="fsdp", rollout="vllm")
+    assert isinstance(config, RLConfig)
+    assert config.trainer.total_steps == RLConfig().trainer.total_steps
+    assert set(config.plugins) == {"fsdp", "vllm"}
+    data = to_dict(config)
+    assert data["fsdp"]["cpu_offload"] is False and "plugins" not in data
+
+
+def test_file_then_overrides_then_flags(tmp_path):
+    path = tmp_path / "run.yaml"
+    path.write_text(
+        "engine: fake\ntrainer:\n  total_steps: 7\n  seed: 3\nrollout:\n  n: 2\nfsdp:\n  cpu_offload: true\n"
+    )
+    config = load_config(path, ["trainer.total_steps=3", "actor.optim.lr=0.5"], engine="fsdp", rollout="hf")
+    assert config.engine == "fsdp"  # the flag wins over the file
+    assert config.trainer.total_steps == 3 and config.trainer.seed == 3
+    assert config.actor.optim.lr == 0.5 and config.rollout.n == 2
+    assert config.rollout.engine == "hf"
+    assert config.plugins["fsdp"].cpu_offload is True
+
+
+def test_yaml_round_trip(tmp_path):
+    config = load_config(engine="fsdp", rollout="vllm", overrides=["trainer.total_steps=5"])
+    path = tmp_path / "resolved.yaml"
+    path.write_text(to_yaml(config))
+    assert to_dict(load_config(path)) == to_dict(config)
+
+
+def test_unknown_key_names_path_valid_keys_and_closest_match():
+    with pytest.raises(ConfigError) as err:
+        load_config(overrides=["trainer.totl_steps=3"], engine="fsdp", rollout="vllm")
+    message = str(err.value)
+    assert "unknown key 'trainer.totl_steps'" in message
+    assert "Did you mean 'trainer.total_steps'?" in message
+    assert "save_freq" in message  # the valid keys are listed
+
+
+def test_unknown_nested_and_plugin_keys():
+    with pytest.raises(ConfigError, match=r"'actor.optim.lrr'.*Did you mean 'actor.optim.lr'"):
+        load_config(overrides=["actor.optim.lrr=1"])
+    with pytest.raises(ConfigError, match=r"'fsdp.cpu_offlod'.*Did you mean 'fsdp.cpu_offload'"):
+        load_config(overrides=["fsdp.cpu_offlod=true"], engine="fsdp")
+    with pytest.raises(ConfigError, match=r"unknown key 'trainr'. Did you mean 'trainer'"):
+        load_config(overrides=["trainr.seed=1"])
+
+
+@pytest.mark.parametrize(
+    ("override", "expected"),
+    [
+        ("trainer.total_steps=abc", r"'trainer.total_steps': expected int, got str 'abc'"),
+        ("trainer.total_steps=3.0", r"'trainer.total_steps': expected int, got float 3.0"),
+        ("trainer.val_before_train=1", r"'trainer.val_before_train': expected bool, got int 1"),
+        ("trainer.total_steps=0", r"'trainer.total_steps': must be >= 1, got 0"),
+        ("trainer.placement=nowhere", r"'trainer.placement': must be one of colocated, split"),
+        ("rollout.n=2.5", r"'rollout.n': expected int, got float 2.5"),
+        ("fsdp.cpu_offload=maybe", r"'fsdp.cpu_offload': expected bool, got str 'maybe'"),
+    ],
+)
+def test_wrong_types_and_values_name_the_key(override, expected):
+    with pytest.raises(ConfigError, match=expected):
+        load_config(overrides=[override], engine="fsdp")
+
+
+def test_missing_required_value():
+    with pytest.raises(ConfigError, match=r"missing or unresolvable value at key 'model.path'"):
+        load_config(overrides=["model.path=???"])
+
+
+def test_bad_files_and_overrides(tmp_path):
+    with pytest.raises(ConfigError, match="does not exist"):
+        load_config(tmp_path / "nope.yaml")
+    bad = tmp_path / "bad.yaml"
+    bad.write_text("trainer: [1, 2\n")
+    with pytest.raises(ConfigError, match=f"'{bad}' is not valid YAML"):
+        load_config(bad)
+    scalar = tmp_path / "scalar.yaml"
+    scalar.write_text("3\n")
+    with pytest.raises(ConfigError, match="mapping of sections"):
+        load_config(scalar)
+    with pytest.raises(ConfigError, match="must look like key.path=value"):
+        load_config(overrides=["trainer.total_steps"])
+
+
+def test_single_path_is_a_list_of_one():
+    config = load_config(overrides=["data.train_files=a.parquet", "data.val_files=[b.jsonl,c.jsonl]"])
+    assert config.data.train_files == ["a.parquet"]
+    assert config.data.val_files == ["b.jsonl", "c.jsonl"]
+
+
+def test_unknown_engine_lists_installed_ones():
+    from rlcore.registry import RegistryError
+
+    with pytest.raises(RegistryError, match=r"unknown train engine 'nosuch'. Installed: .*fsdp"):
+        load_config(engine="nosuch")
