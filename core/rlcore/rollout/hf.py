@@ -1,0 +1,351 @@
+"""The reference rollout: Hugging Face ``transformers`` ``generate`` on one device.
+
+Slow next to vLLM or SGLang, but simple enough to trust: other rollout engines and the post-sync check
+are measured against it, and it runs anywhere transformers does.
+
+Log-probs. ``Completion.log_probs[i]`` is ``log_softmax(logits / temperature)`` of the sampled token,
+computed in float32 from the raw logits *before* top-k / top-p filtering: exactly what a train engine
+computes from a forward pass over prompt + response (``EngineSpec.temperature``), so the two agree up to
+numerics. Greedy (``temperature == 0``) reports ``log_softmax(logits)``.
+
+Sampling is only what :class:`~rlcore.api.SamplingParams` says: the checkpoint's
+``generation_config.json`` contributes its eos ids and nothing else (no hidden repetition penalty or
+top-k). Each call is seeded (``params.seed``, or the next draw from a stream seeded by
+``RolloutSpec.seed``) without touching the process's global RNG.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import difflib
+import random
+import threading
+from collections.abc import Iterable, Iterator, Sequence
+from concurrent.futures import ThreadPoolExecutor
+
+import torch
+from transformers import (
+    AutoModelForCausalLM,
+    AutoTokenizer,
+    GenerationConfig,
+    LogitsProcessor,
+    LogitsProcessorList,
+    StoppingCriteriaList,
+    TemperatureLogitsWarper,
+    TopKLogitsWarper,
+    TopPLogitsWarper,
+)
+
+from rlcore.api import Completion, DevicePlatform, RolloutEngine, RolloutSpec, SamplingParams, WeightBucket
+from rlcore.rollout.config import HFRolloutConfig
+from rlcore.rollout.stopping import StopStrings, finish_response
+from rlcore.weights import assemble
+
+RELEASE_TAGS = ("weights", "kv_cache")
+_DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
+
+
+class WeightLoadError(ValueError):
+    """A weight stream did not fit the model; nothing of it was applied."""
+
+
+class HFRollout(RolloutEngine):
+    """Generation with ``model.generate`` over left-padded chunks of ``config.batch_size`` sequences."""
+
+    config_class = HFRolloutConfig
+
+    def __init__(self, spec: RolloutSpec, config: HFRolloutConfig | None, platform: DevicePlatform):
+        config = config if config is not None else HFRolloutConfig()
+        super().__init__(spec, config, platform)
+        if spec.dtype not in _DTYPES:
+            raise ValueError(f"rollout.dtype must be one of {', '.join(_DTYPES)}, got {spec.dtype!r}")
+        self.device = _current_device(platform)
+        self.tokenizer = AutoTokenizer.from_pretrained(spec.model_path)
+        kwargs = {"dtype": _DTYPES[spec.dtype]}
+        if config.attn_implementation is not None:
+            kwargs["attn_implementation"] = config.attn_implementation
+        self.model = AutoModelForCausalLM.from_pretrained(spec.model_path, **kwargs).to(self.device).eval()
+        self.eos_ids = _eos_ids(self.model.generation_config, self.tokenizer)
+        pad = self.tokenizer.pad_token_id
+        self.pad_id = pad if pad is not None else self.eos_ids[0]
+        # A neutral generation config: generate() fills unset fields from the model's, and a checkpoint's
+        # sampling defaults (top_k=20, repetition_penalty=1.05 ...) must not leak into the rollout.
+        self.model.generation_config = GenerationConfig(
+            eos_token_id=self.eos_ids, pad_token_id=self.pad_id, bos_token_id=self.tokenizer.bos_token_id
+        )
+        self.vocab_size = self.model.get_input_embeddings().num_embeddings
+        self._seeds = random.Random(spec.seed)
+        self._lock = threading.Lock()  # one generate/load at a time: the model and RNG are shared
+        self._executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix="hf-rollout")
+        self._released: set[str] = set()
+
+    # -- generation ------------------------------------------------------------------------------
+    def generate(self, prompts: Sequence[Sequence[int]], params: SamplingParams) -> list[list[Completion]]:
+        _check_sampling(params)
+        rows = [p for p in self._check_prompts(prompts) for _ in range(params.n)]
+        with self._lock:
+            if "weights" in self._released:
+                raise RuntimeError(
+                    "hf rollout: weights are released; call resume(['weights']) before generate"
+                )
+            seed = params.seed if params.seed is not None else self._seeds.randrange(2**63)
+            out: list[Completion] = []
+            with self._seeded(seed), torch.inference_mode():
+                for start in range(0, len(rows), self.config.batch_size):
+                    out.extend(self._generate_chunk(rows[start : start + self.config.batch_size], params))
+        n = params.n
+        return [out[i * n : (i + 1) * n] for i in range(len(prompts))]
+
+    async def agenerate(self, prompt: Sequence[int], params: SamplingParams) -> list[Completion]:
+        loop = asyncio.get_running_loop()
+        result = await loop.run_in_executor(self._executor, self.generate, [prompt], params)
+        return result[0]
+
+    def _generate_chunk(self, rows: list[list[int]], params: SamplingParams) -> list[Completion]:
+        """Sample one chunk. Rows are left-padded to a common width ``W``; ``generate`` derives position
+        ids from the attention mask, so each row sees the positions it would see alone."""
+        width = max(len(r) for r in rows)
+        input_ids = torch.full((len(rows), width), self.pad_id, dtype=torch.long)
+        attention_mask = torch.zeros((len(rows), width), dtype=torch.long)
+        for i, row in enumerate(rows):
+            input_ids[i, width - len(row) :] = torch.tensor(row)
+            attention_mask[i, width - len(row) :] = 1
+        caps = [min(params.max_tokens, self.spec.max_model_len - len(r)) for r in rows]
+        greedy = params.temperature == 0
+        recorder = _LogProbRecorder(1.0 if greedy else params.temperature)
+        processors = LogitsProcessorList([recorder])
+        if not greedy:
+            # HF's own warpers are switched off (temperature 1, top_k 0, top_p 1 below) and re-added after
+            # the recorder, which must see the raw logits.
+            if params.temperature != 1.0:
+                processors.append(TemperatureLogitsWarper(params.temperature))
+            if params.top_k > 0:
+                processors.append(TopKLogitsWarper(params.top_k))
+            if params.top_p < 1.0:
+                processors.append(TopPLogitsWarper(params.top_p))
+        gen_config = GenerationConfig(
+            max_new_tokens=max(caps),
+            do_sample=not greedy,
+            num_beams=1,
+            eos_token_id=self.eos_ids,
+            pad_token_id=self.pad_id,
+            **({} if greedy else {"temperature": 1.0, "top_k": 0, "top_p": 1.0}),
+        )
+        stopping = StoppingCriteriaList(
+            [StopStrings(params.stop, self._decode, width)] if params.stop else []
+        )
+        sequences = self.model.generate(
+            input_ids=input_ids.to(self.device),
+            attention_mask=attention_mask.to(self.device),
+            generation_config=gen_config,
+            logits_processor=processors,
+            stopping_criteria=stopping,
+        )
+        generated = sequences[:, width:]
+        log_probs = recorder.result(generated).tolist()
+        completions = []
+        for i, (row, tokens) in enumerate(zip(rows, generated.tolist(), strict=True)):
+            end = finish_response(
+                tokens,
+                log_probs[i],
+                eos_ids=self.eos_ids,
+                stop=params.stop,
+                decode=self._decode,
+                max_len=caps[i],
+            )
+            completions.append(
+                Completion(
+                    prompt_ids=list(row),
+                    token_ids=end.token_ids,
+                    log_probs=end.log_probs if params.logprobs else None,
+                    finish_reason=end.finish_reason,
+                    text=end.text,
+                )
+            )
+        return completions
+
+    def _decode(self, token_ids: Sequence[int]) -> str:
+        return self.tokenizer.decode(token_ids, skip_special_tokens=True)
+
+    def _check_prompts(self, prompts: Sequence[Sequence[int]]) -> list[list[int]]:
+        checked = []
+        for i, prompt in enumerate(prompts):
+            ids = [int(t) for t in prompt]
+            if not ids:
+                raise ValueError(f"hf rollout: prompt {i} is empty; every prompt needs at least one token")
+            if len(ids) >= self.spec.max_model_len:
+                raise ValueError(
+                    f"hf rollout: prompt {i} has {len(ids)} tokens, leaving no room to generate within "
+                    f"rollout.max_model_len={self.spec.max_model_len}; shorten it (data.max_prompt_length) "
+                    f"or raise max_model_len"
+                )
+            bad = [t for t in ids if not 0 <= t < self.vocab_size]
+            if bad:
+                raise ValueError(
+                    f"hf rollout: prompt {i} has token id {bad[0]} outside the model's vocabulary "
+                    f"[0, {self.vocab_size}); was it tokenized with another tokenizer?"
+                )
+            checked.append(ids)
+        return checked
+
+    @contextlib.contextmanager
+    def _seeded(self, seed: int) -> Iterator[None]:
+        """Seed this device's RNG for one call and restore the caller's RNG state afterwards."""
+        if self.device.type == "cpu":
+            with torch.random.fork_rng(devices=[]):
+                torch.default_generator.manual_seed(seed)
+                yield
+            return
+        module = torch.get_device_module(self.device.type)
+        with torch.random.fork_rng(devices=[self.device.index], device_type=self.device.type):
+            torch.default_generator.manual_seed(seed)
+            module.manual_seed(seed)
+            yield
+
+    # -- weights ---------------------------------------------------------------------------------
+    def load_weights(self, buckets: Iterable[WeightBucket]) -> None:
+        """Load a (possibly partial) stream in Hugging Face names; all or nothing.
+
+        Every tensor is checked (name, shape) and held until the stream ends, then copied (cast to the
+        model's dtype and device) into the parameters, so a bad name, shape or an incomplete stream
+        leaves the model as it was. Holding costs one copy of the streamed weights in the transport's
+        memory. Tied parameters (``lm_head.weight`` and ``model.embed_tokens.weight`` when
+        ``tie_word_embeddings``) may arrive under either name or both (then they must be equal).
+        """
+        state = self.model.state_dict()
+        staged: dict[str, torch.Tensor] = {}
+        try:
+            for name, tensor in assemble(buckets):
+                target = state.get(name)
+                if target is None:
+                    raise WeightLoadError(self._unknown_name_message(name, state))
+                if tuple(tensor.shape) != tuple(target.shape):
+                    raise WeightLoadError(
+                        f"weight stream sent {name!r} with shape {tuple(tensor.shape)}, but the rollout model "
+                        f"({self.spec.model_path}) has shape {tuple(target.shape)}; nothing was loaded. Do the "
+                        f"trainer and rollout load the same architecture?"
+                    )
+                if name in staged:
+                    raise WeightLoadError(f"weight stream sent {name!r} twice; nothing was loaded")
+                staged[name] = tensor
+        finally:
+            # A transport streaming through a collective drains what is left when its iterator closes,
+            # so the sender is not left blocked when this load fails part way.
+            close = getattr(buckets, "close", None)
+            if close is not None:
+                close()
+        _check_tied(staged, state)
+        with self._lock, torch.no_grad():
+            for name, tensor in staged.items():
+                state[name].copy_(tensor)
+
+    def _unknown_name_message(self, name: str, state: dict[str, torch.Tensor]) -> str:
+        valid = list(state)
+        close = difflib.get_close_matches(name, valid, n=3, cutoff=0.6) or valid[:3]
+        return (
+            f"weight stream sent {name!r}, which the rollout model {type(self.model).__name__} "
+            f"({self.spec.model_path}) does not have; nothing was loaded. Close valid names: "
+            f"{', '.join(repr(c) for c in close)}. The stream must use this architecture's Hugging Face "
+            f"parameter names (model.state_dict()), without wrapper prefixes such as 'module.'."
+        )
+
+    # -- memory ----------------------------------------------------------------------------------
+    def release(self, tags: Sequence[str]) -> None:
+        """``weights``: move the model to host memory. ``kv_cache``: nothing to free; ``generate``
+        builds its KV cache per call and drops it on return."""
+        tags = _check_tags(tags)
+        with self._lock:
+            if "weights" in tags and "weights" not in self._released:
+                self.model.to("cpu")
+                self.platform.empty_cache()
+                self._released.add("weights")
+
+    def resume(self, tags: Sequence[str]) -> None:
+        tags = _check_tags(tags)
+        with self._lock:
+            if "weights" in tags and "weights" in self._released:
+                self.model.to(self.device)
+                self._released.discard("weights")
+
+    def shutdown(self) -> None:
+        self._executor.shutdown(wait=True)
+
+
+class _LogProbRecorder(LogitsProcessor):
+    """Records ``log_softmax(raw_logits / temperature)`` of each generated token; changes nothing.
+
+    The sampled token of step ``t`` is known only at step ``t + 1`` (it is then ``input_ids[:, -1]``),
+    so only one ``[b, V]`` row of log-probs is held at a time; :meth:`result` settles the last step.
+    """
+
+    def __init__(self, temperature: float):
+        self.temperature = temperature
+        self._pending: torch.Tensor | None = None  # [b, V] log-probs of the step whose token is unknown
+        self._steps: list[torch.Tensor] = []  # each [b]
+
+    def __call__(self, input_ids: torch.LongTensor, scores: torch.FloatTensor) -> torch.FloatTensor:
+        if self._pending is not None:
+            self._steps.append(self._pending.gather(-1, input_ids[:, -1:]).squeeze(-1))
+        self._pending = torch.log_softmax(scores.float() / self.temperature, dim=-1)
+        return scores
+
+    def result(self, generated: torch.Tensor) -> torch.Tensor:
+        """``[b, T]`` log-probs of ``generated [b, T]``. ``generate`` may run one step past the end and
+        drop it (deferred stop checks on accelerators); such extra steps are dropped here too."""
+        steps = self._steps[: generated.shape[1]]
+        if len(steps) < generated.shape[1]:
+            steps.append(self._pending.gather(-1, generated[:, -1:]).squeeze(-1))
+        if not steps:
+            return torch.zeros(generated.shape, dtype=torch.float32)
+        return torch.stack(steps, dim=1).cpu()
+
+
+def _current_device(platform: DevicePlatform) -> torch.device:
+    """The device this process is bound to (``platform.set_device`` ran earlier, or device 0)."""
+    if platform.device_type == "cpu":
+        return torch.device("cpu")
+    return torch.device(platform.device_type, torch.get_device_module(platform.device_type).current_device())
+
+
+def _eos_ids(generation_config: GenerationConfig, tokenizer) -> list[int]:
+    """Eos ids from the checkpoint's generation config (an int or a list) and the tokenizer, in order."""
+    ids = generation_config.eos_token_id
+    ids = [] if ids is None else [ids] if isinstance(ids, int) else list(ids)
+    if tokenizer.eos_token_id is not None and tokenizer.eos_token_id not in ids:
+        ids.append(tokenizer.eos_token_id)
+    if not ids:
+        raise ValueError("hf rollout: the model declares no eos token (generation_config or tokenizer)")
+    return ids
+
+
+def _check_sampling(params: SamplingParams) -> None:
+    if params.temperature < 0:
+        raise ValueError(f"sampling.temperature must be >= 0 (0 is greedy), got {params.temperature}")
+    if not 0 < params.top_p <= 1:
+        raise ValueError(f"sampling.top_p must be in (0, 1], got {params.top_p}")
+    if params.top_k < -1:
+        raise ValueError(f"sampling.top_k must be -1 or 0 (off) or a positive count, got {params.top_k}")
+
+
+def _check_tags(tags: Sequence[str]) -> set[str]:
+    unknown = sorted(set(tags) - set(RELEASE_TAGS))
+    if unknown:
+        raise ValueError(f"hf rollout: unknown memory tags {unknown}; valid tags: {', '.join(RELEASE_TAGS)}")
+    return set(tags)
+
+
+def _check_tied(staged: dict[str, torch.Tensor], state: dict[str, torch.Tensor]) -> None:
+    """Names that share one tensor in the model must not receive different values."""
+    by_storage: dict[tuple, list[str]] = {}
+    for name, tensor in state.items():
+        by_storage.setdefault((tensor.data_ptr(), tuple(tensor.shape)), []).append(name)
+    for names in by_storage.values():
+        sent = [n for n in names if n in staged]
+        for other in sent[1:]:
+            if not torch.equal(staged[sent[0]], staged[other].to(staged[sent[0]].device)):
+                raise WeightLoadError(
+                    f"the rollout model ties {sent[0]!r} and {other!r} (one tensor), but the weight stream "
+                    f"sent different values for them; nothing was loaded. Does the trainer untie embeddings "
+                    f"(tie_word_embeddings) while the rollout model ties them?"
+                )

@@ -1,0 +1,80 @@
+"""compare_log_probs against differences worked out by hand."""
+
+import pytest
+import torch
+from rlcore.rollout.sync_check import WeightSyncMismatch, compare_log_probs
+
+TRAINER = torch.tensor([[-1.0, -2.0, -3.0], [-0.5, -0.25, 9.0]])
+MASK = torch.tensor([[1, 1, 1], [1, 1, 0]])
+# |diffs| on masked tokens: 0.1, 0.0, 0.4 | 0.2, 0.05  (the padded 9.0 must not count)
+ROLLOUT_ROWS = [[-1.1, -2.0, -2.6], [-0.3, -0.3]]
+
+
+def test_metrics_by_hand_from_lists():
+    metrics = compare_log_probs(ROLLOUT_ROWS, TRAINER, MASK)
+    assert metrics["sync/logprob_diff_max"] == pytest.approx(0.4)
+    assert metrics["sync/logprob_diff_mean"] == pytest.approx((0.1 + 0.0 + 0.4 + 0.2 + 0.05) / 5)
+
+
+def test_metrics_from_a_padded_tensor():
+    rollout = torch.tensor([[-1.1, -2.0, -2.6], [-0.3, -0.3, 0.0]])
+    metrics = compare_log_probs(rollout, TRAINER, MASK)
+    assert metrics["sync/logprob_diff_mean"] == pytest.approx(0.15)
+
+
+def test_threshold_names_engines_gap_and_causes():
+    assert compare_log_probs(ROLLOUT_ROWS, TRAINER, MASK, threshold=0.2)["sync/logprob_diff_max"] > 0.2
+    with pytest.raises(WeightSyncMismatch) as info:
+        compare_log_probs(
+            ROLLOUT_ROWS, TRAINER, MASK, threshold=0.1, train_engine="fsdp", rollout_engine="vllm"
+        )
+    message = str(info.value)
+    assert "rollout 'vllm' and train engine 'fsdp'" in message
+    assert "mean |difference| 0.15 over 5 tokens exceeds the threshold 0.1" in message
+    assert "max 0.4 at row 0, token 2: rollout -2.6000 vs trainer -3.0000" in message
+    assert "dtype" in message and "prefix" in message and "lm_head" in message
+
+
+def test_shape_errors():
+    with pytest.raises(ValueError, match="row 1 has 3 rollout log-probs but 2 masked tokens"):
+        compare_log_probs([[-1.0, -2.0, -3.0], [-1.0, -1.0, -1.0]], TRAINER, MASK)
+    with pytest.raises(ValueError, match="1 rows of rollout log-probs for a batch of 2"):
+        compare_log_probs([[-1.0]], TRAINER, MASK)
+    with pytest.raises(ValueError, match="selects no token"):
+        compare_log_probs([[], []], TRAINER, torch.zeros_like(MASK))
+
+
+def trainer_log_probs(model, batch, temperature):
+    """What a train engine computes: one forward over the batch layout, log_softmax(logits / T)."""
+    with torch.no_grad():
+        logits = model(
+            input_ids=batch["input_ids"],
+            attention_mask=batch["attention_mask"],
+            position_ids=batch["position_ids"],
+        ).logits
+    P, R = batch["prompts"].shape[1], batch["responses"].shape[1]
+    log_probs = torch.log_softmax(logits[:, P - 1 : P - 1 + R].float() / temperature, dim=-1)
+    return log_probs.gather(-1, batch["responses"][..., None]).squeeze(-1)
+
+
+def test_probe_of_hf_rollout_against_a_trainer_forward(tiny_model):
+    from rlcore.api import RolloutSpec, SamplingParams
+    from rlcore.devices import get_platform
+    from rlcore.rollout.batching import completions_to_batch
+    from rlcore.rollout.hf import HFRollout
+    from transformers import AutoModelForCausalLM
+
+    trainer = AutoModelForCausalLM.from_pretrained(tiny_model, dtype=torch.float32).eval()
+    params = SamplingParams(n=2, temperature=0.8, max_tokens=8, seed=0)
+    prompts = [[5, 17, 300, 42], [9], [100, 200, 300, 400, 500, 600]]  # mixed lengths: left padding
+    for dtype, agrees in (("float32", True), ("bfloat16", False)):
+        rollout = HFRollout(RolloutSpec(model_path=tiny_model, dtype=dtype), None, get_platform("cpu"))
+        batch = completions_to_batch(rollout.generate(prompts, params), rollout.pad_id)
+        want = trainer_log_probs(trainer, batch, 0.8)
+        metrics = compare_log_probs(batch["rollout_log_probs"], want, batch["response_mask"])
+        if agrees:
+            assert metrics["sync/logprob_diff_max"] < 1e-4
+        else:  # a bf16 rollout against an fp32 trainer: the check must notice
+            assert metrics["sync/logprob_diff_mean"] > 1e-3
+            with pytest.raises(WeightSyncMismatch, match="'rollout' and train engine 'trainer'"):
+                compare_log_probs(batch["rollout_log_probs"], want, batch["response_mask"], threshold=1e-3)
