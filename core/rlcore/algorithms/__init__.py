@@ -14,37 +14,59 @@ Formulas and sources: ``docs/algorithms.md``.
 
 from __future__ import annotations
 
+import importlib
 from collections.abc import Callable
 from typing import Any
 
-from rlcore.algorithms.aggregation import (
-    LOSS_AGG_MODES,
-    agg_loss,
-    global_batch_counts,
-    masked_mean,
-    masked_whiten,
-)
-from rlcore.algorithms.calling import call_with_available
-from rlcore.algorithms.dapo import (
-    DynamicSampler,
-    DynamicSamplingExhausted,
-    apply_overlong_penalty,
-    filter_groups,
-    group_metric,
-    overlong_penalty,
-)
-from rlcore.algorithms.entropy import entropy_from_logits, entropy_loss
-from rlcore.algorithms.kl import (
-    KL_PENALTY_KINDS,
-    AdaptiveKLController,
-    FixedKLController,
-    apply_kl_penalty,
-    kl_penalty,
-    make_kl_controller,
-)
-from rlcore.algorithms.losses import ActorLoss, CriticLoss
 from rlcore.algorithms.presets import PRESETS, AlgorithmPreset, get_preset
-from rlcore.algorithms.value_loss import value_loss
+
+#: Public name -> the submodule defining it. Imported on first access, so that importing the package
+#: (for presets and the accessors, e.g. in config validation) does not import torch.
+_LAZY = {
+    **dict.fromkeys(
+        ("LOSS_AGG_MODES", "agg_loss", "global_batch_counts", "masked_mean", "masked_whiten"),
+        "rlcore.algorithms.aggregation",
+    ),
+    "call_with_available": "rlcore.algorithms.calling",
+    **dict.fromkeys(
+        (
+            "DynamicSampler",
+            "DynamicSamplingExhausted",
+            "apply_overlong_penalty",
+            "filter_groups",
+            "group_metric",
+            "overlong_penalty",
+        ),
+        "rlcore.algorithms.dapo",
+    ),
+    **dict.fromkeys(("entropy_from_logits", "entropy_loss"), "rlcore.algorithms.entropy"),
+    **dict.fromkeys(
+        (
+            "KL_PENALTY_KINDS",
+            "AdaptiveKLController",
+            "FixedKLController",
+            "apply_kl_penalty",
+            "kl_penalty",
+            "make_kl_controller",
+        ),
+        "rlcore.algorithms.kl",
+    ),
+    **dict.fromkeys(("ActorLoss", "CriticLoss"), "rlcore.algorithms.losses"),
+    "value_loss": "rlcore.algorithms.value",
+}
+
+
+def __getattr__(name: str) -> Any:
+    if name in _LAZY:
+        value = getattr(importlib.import_module(_LAZY[name]), name)
+        globals()[name] = value
+        return value
+    raise AttributeError(f"module 'rlcore.algorithms' has no attribute {name!r}")
+
+
+def __dir__() -> list[str]:
+    return sorted([*globals(), *_LAZY])
+
 
 ADVANTAGE_ESTIMATORS = "advantage_estimators"
 POLICY_LOSSES = "policy_losses"
@@ -73,6 +95,8 @@ def compute_advantage(name: str, **inputs: Any) -> Any:
     ``gamma``, ``lam``, ``epsilon``, ``norm_adv_by_std_in_grpo``, ``reward_baselines`` ... Returns
     ``(advantages, returns)``, each ``[B, T]``.
     """
+    from rlcore.algorithms.calling import call_with_available
+
     available = {k: v for k, v in inputs.items() if v is not None}
     return call_with_available(get_advantage_estimator(name), available, what=f"advantage estimator {name!r}")
 

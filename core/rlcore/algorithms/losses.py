@@ -22,7 +22,7 @@ import torch
 from rlcore.algorithms.aggregation import agg_loss, check_loss_agg_mode
 from rlcore.algorithms.calling import call_with_available
 from rlcore.algorithms.kl import check_kl_kind, kl_penalty
-from rlcore.algorithms.value_loss import value_loss
+from rlcore.algorithms.value import value_loss
 from rlcore.api.batch import Batch
 
 
@@ -153,7 +153,7 @@ class ActorLoss:
 
 @attrs.define
 class CriticLoss:
-    """The critic's clipped value loss (:func:`rlcore.algorithms.value_loss.value_loss`).
+    """The critic's clipped value loss (:func:`rlcore.algorithms.value.value_loss`).
 
     Reads ``outputs["values"]`` (current predictions) and the batch's ``returns``, ``values`` (at
     generation time) and ``response_mask``. Metrics: ``critic/vf_loss`` (mean over this micro-batch),
