@@ -90,7 +90,7 @@ def contract_batch(
     ``global_tokens`` / ``global_sequences`` as the controller sets them.
     """
     g = torch.Generator().manual_seed(seed)
-    prompt_lens = [2 + (3 * i + seed) % 5 for i in range(batch_size)]
+    prompt_lens = [1 + (3 * i + seed) % 5 for i in range(batch_size)]  # a 1-token prompt is the hardest case
     response_lens = [1 + (2 * i + 1 + seed) % 5 for i in range(batch_size)]
     p, r = max(prompt_lens), max(response_lens)
     prompts = torch.full((batch_size, p), pad_token_id, dtype=torch.long)

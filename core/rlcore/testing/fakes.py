@@ -281,7 +281,10 @@ class FakeTrainEngine(TrainEngine):
                 result = self._forward(mb)
                 for o in outputs:
                     parts[o].append(result[o].cpu())
-        return Batch({o: torch.cat(v) if v else torch.empty(0) for o, v in parts.items()})
+        if not len(batch):
+            width = () if self.spec.head == "score" else (batch["responses"].shape[1],)
+            return Batch({o: torch.zeros((0, *width)) for o in outputs})
+        return Batch({o: torch.cat(v) for o, v in parts.items()})
 
     def export_weights(self, dtype: torch.dtype, bucket_bytes: int) -> Iterator[WeightBucket]:
         self._released.require("export_weights", "weights")

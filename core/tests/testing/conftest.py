@@ -50,6 +50,12 @@ def reference_log_softmax(logits: list[float], temperature: float = 1.0) -> list
 
 
 @pytest.fixture
-def reference():
-    """``(reference_outputs, reference_log_softmax)``, the float64 loop references."""
-    return reference_outputs, reference_log_softmax
+def ref_outputs():
+    """:func:`reference_outputs` (test modules cannot import conftest under ``--import-mode=importlib``)."""
+    return reference_outputs
+
+
+@pytest.fixture
+def ref_log_softmax():
+    """:func:`reference_log_softmax`."""
+    return reference_log_softmax
