@@ -14,6 +14,7 @@ process (the driver and each Ray worker) loads plugins on first use of :func:`re
 
 from __future__ import annotations
 
+import difflib
 import importlib
 import importlib.metadata as md
 import os
@@ -92,9 +93,9 @@ class PluginManager:
             key: Registry(kind, hint) for key, kind, hint in KINDS.values()
         }
         self._load_defaults()
-        self._load_entry_points()
-        # A hook name nobody specified (a misspelt ``register_train_engine``) fails here, loudly.
+        # A built-in implementing a hook nobody specified is a bug in rlcore: fail loudly.
         self.pm.check_pending()
+        self._load_entry_points()
         self._collect()
 
     # -- loading ---------------------------------------------------------------------------------
@@ -126,31 +127,60 @@ class PluginManager:
                 module = ep.load()
                 _check_api_version(ep.name, dist, module)
                 self.pm.register(module, name=ep.name)
+                # Checked per plugin (pluggy's check_pending is global): a misspelt hook name such as
+                # ``register_train_engine`` fails this plugin only, and the others still load.
+                _check_hook_names(self.pm, ep.name, dist)
             except Exception as exc:
-                info.status = "failed"
-                info.error = "".join(traceback.format_exception(exc)).rstrip()
-                for registry in self.registries.values():
-                    registry.failed_plugins[ep.name] = info.error
+                self._fail(info, exc)
+
+    def _fail(self, info: PluginInfo, exc: BaseException) -> None:
+        """Record ``exc`` for ``info`` and take back everything the plugin registered."""
+        info.status = "failed"
+        info.error = "".join(traceback.format_exception(exc)).rstrip()
+        info.registers = {}
+        if self.pm.has_plugin(info.name):
+            self.pm.unregister(name=info.name)
+        for registry in self.registries.values():
+            registry.failed_plugins[info.name] = info.error
+            registry.remove_plugin(info.name)
 
     def _collect(self) -> None:
-        """Call every hook implementation, one plugin at a time, so registrations carry their plugin."""
+        """Call every hook implementation, one plugin at a time, so registrations carry their plugin.
+
+        A plugin whose hook raises (a name registered twice included) is failed as a whole: what it
+        registered in earlier hooks is removed, so a half-loaded plugin never serves components.
+        """
         for hook_name, (key, _kind, _hint) in KINDS.items():
             registry = self.registries[key]
             for impl in getattr(self.pm.hook, hook_name).get_hookimpls():
                 info = self.plugins[impl.plugin_name]
-                before = set(registry.names())
+                if info.status == "failed":
+                    continue
                 try:
                     impl.function(register=registry.registrar(impl.plugin_name))
                 except Exception as exc:
                     if info.builtin:
                         raise
-                    info.status = "failed"
-                    info.error = "".join(traceback.format_exception(exc)).rstrip()
-                    registry.failed_plugins[info.name] = info.error
-                    continue
-                added = sorted(set(registry.names()) - before)
-                if added:
-                    info.registers.setdefault(key, []).extend(added)
+                    self._fail(info, exc)
+        for key, registry in self.registries.items():
+            for entry in registry.entries():
+                self.plugins[entry.plugin].registers.setdefault(key, []).append(entry.name)
+
+
+def _check_hook_names(pm: pluggy.PluginManager, name: str, dist: str | None) -> None:
+    """Raise :class:`PluginError` if plugin ``name`` implements a hook that :mod:`rlcore.hookspecs` lacks."""
+    known = sorted(KINDS)
+    for caller in pm.get_hookcallers(pm.get_plugin(name)) or []:
+        if caller.has_spec():
+            continue
+        if all(impl.optionalhook for impl in caller.get_hookimpls() if impl.plugin_name == name):
+            continue
+        close = difflib.get_close_matches(caller.name, known, n=1)
+        hint = f" Did you mean {close[0]!r}?" if close else ""
+        raise PluginError(
+            f"plugin {name!r} ({dist or 'unknown distribution'}) implements {caller.name!r}, which is not an "
+            f"rlcore hook.{hint} Hooks: {', '.join(known)}."
+        )
 
 
 def _check_api_version(name: str, dist: str | None, module: Any) -> None:
@@ -161,7 +191,12 @@ def _check_api_version(name: str, dist: str | None, module: Any) -> None:
             f"{where} does not declare RLCORE_PLUGIN_API. Add `RLCORE_PLUGIN_API = {PLUGIN_API_VERSION}` "
             f"to {module.__name__} once it works with rlcore {__version__}."
         )
-    if int(declared) != PLUGIN_API_VERSION:
+    if not isinstance(declared, int) or isinstance(declared, bool):
+        raise PluginError(
+            f"{where} sets RLCORE_PLUGIN_API = {declared!r}; it must be an integer "
+            f"(this rlcore provides API {PLUGIN_API_VERSION})."
+        )
+    if declared != PLUGIN_API_VERSION:
         raise PluginError(
             f"{where} targets rlcore plugin API {declared}, but rlcore {__version__} provides API "
             f"{PLUGIN_API_VERSION}. Install a version of {dist or name} built for plugin API "

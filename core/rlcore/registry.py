@@ -77,6 +77,13 @@ class Registry(Generic[T]):
 
         return register
 
+    def remove_plugin(self, plugin: str) -> list[str]:
+        """Forget every entry ``plugin`` registered (it failed after registering some); return their names."""
+        names = [name for name, entry in self._entries.items() if entry.plugin == plugin]
+        for name in names:
+            del self._entries[name]
+        return names
+
     def entry(self, name: str) -> Entry[T]:
         try:
             return self._entries[name]
