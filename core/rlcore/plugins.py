@@ -141,7 +141,7 @@ class PluginManager:
         if self.pm.has_plugin(info.name):
             self.pm.unregister(name=info.name)
         for registry in self.registries.values():
-            registry.failed_plugins[info.name] = info.error
+            registry.failed_plugins[info.name] = _one_line(exc)
             registry.remove_plugin(info.name)
 
     def _collect(self) -> None:
@@ -165,6 +165,15 @@ class PluginManager:
         for key, registry in self.registries.items():
             for entry in registry.entries():
                 self.plugins[entry.plugin].registers.setdefault(key, []).append(entry.name)
+
+
+def _one_line(exc: BaseException) -> str:
+    """``Type: message`` plus where a plugin's own code raised it (what a lookup miss quotes)."""
+    text = " ".join(traceback.format_exception_only(exc)).strip().replace("\n", " ")
+    frames = traceback.extract_tb(exc.__traceback__)
+    if frames and not isinstance(exc, PluginError):
+        text += f" ({frames[-1].filename}, line {frames[-1].lineno})"
+    return text
 
 
 def _check_hook_names(pm: pluggy.PluginManager, name: str, dist: str | None) -> None:

@@ -55,7 +55,8 @@ class Registry(Generic[T]):
         self.kind = kind
         self.install_hint = install_hint
         self._entries: dict[str, Entry[T]] = {}
-        #: plugin name -> error text, for plugins that failed to load; quoted when a lookup misses.
+        #: plugin name -> one-line error (exception and where it was raised), for plugins that failed to
+        #: load; quoted when a lookup misses. ``rlcore plugins`` shows the full tracebacks.
         self.failed_plugins: dict[str, str] = {}
 
     def register(self, name: str, target: Any, *, plugin: str = "<direct>", **options: Any) -> None:
@@ -100,10 +101,15 @@ class Registry(Generic[T]):
         close = difflib.get_close_matches(name, known, n=1)
         if close:
             lines.append(f"Did you mean {close[0]!r}?")
-        for plugin, error in self.failed_plugins.items():
-            if name in plugin or not close:
-                lines.append(f"Plugin {plugin!r} failed to load, which may be why:\n{error}")
-        if self.install_hint and not close:
+        # A failed plugin named like the component is the answer; otherwise any failure may be.
+        related = {p: e for p, e in self.failed_plugins.items() if name in p or p in name}
+        quoted = related or ({} if close else self.failed_plugins)
+        for plugin, error in quoted.items():
+            why = "which is why" if plugin in related else "which may be why"
+            lines.append(f"Plugin {plugin!r} is installed but failed to load, {why}:\n  {error}")
+        if quoted:
+            lines.append("`rlcore plugins` shows the full traceback of each failed plugin.")
+        if self.install_hint and not close and not related:
             lines.append("If it is published as a plugin, install it: " + self.install_hint.format(name=name))
         return "\n".join(lines)
 

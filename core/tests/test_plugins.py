@@ -91,7 +91,10 @@ def test_import_failure_is_reported_and_others_load(install):
         manager.registries["train_engines"].get("broken")
     message = str(exc.value)
     assert "unknown train engine 'broken'" in message
-    assert "Plugin 'broken' failed to load" in message and "No module named 'torch_npu'" in message
+    assert (
+        "Plugin 'broken' is installed but failed to load, which is why" in message
+        and "No module named 'torch_npu'" in message
+    )
 
 
 @pytest.mark.parametrize(
@@ -129,7 +132,7 @@ def test_hook_raising_fails_that_plugin_and_takes_back_its_registrations(install
     # its train engine was registered by an earlier hook, then taken back with the plugin
     assert "flaky" not in manager.registries["train_engines"] and info.registers == {}
     assert manager.registries["train_engines"].names() == ["fake", "good"]
-    with pytest.raises(RegistryError, match="Plugin 'flaky' failed to load"):
+    with pytest.raises(RegistryError, match="Plugin 'flaky' is installed but failed to load"):
         manager.registries["train_engines"].get("flaky")
 
 
@@ -278,3 +281,35 @@ def test_lazy_entry_import_failure_names_plugin_and_target():
     import json
 
     assert reg.get("json") is json.dumps
+
+
+def test_lookup_miss_quotes_failed_plugins():
+    reg = Registry("train engine", "pip install rlcore-{name}")
+    reg.register("fsdp", object, plugin="fsdp")
+    reg.failed_plugins["npu"] = "ImportError: libascend.so not found"
+    reg.failed_plugins["other"] = "ValueError: bad"
+    message = str(pytest.raises(RegistryError, reg.get, "npu").value)
+    # the failed plugin named like the engine is the reason; no install advice for an installed plugin
+    assert (
+        "Plugin 'npu' is installed but failed to load, which is why:\n  ImportError: libascend.so" in message
+    )
+    assert "'other'" not in message and "pip install" not in message
+    message = str(pytest.raises(RegistryError, reg.get, "deepspeed").value)
+    assert "Plugin 'npu' is installed but failed to load, which may be why" in message
+    assert "Plugin 'other'" in message and "pip install rlcore-deepspeed" in message
+    assert "`rlcore plugins` shows the full traceback" in message
+    message = str(pytest.raises(RegistryError, reg.get, "fsdpp").value)
+    assert message == "unknown train engine 'fsdpp'. Installed: fsdp.\nDid you mean 'fsdp'?"
+
+
+def test_lookup_miss_quotes_the_one_line_error_with_its_location(install):
+    def register_train_engines(register):
+        raise KeyError("missing config key")
+
+    manager = install(
+        FakeEntryPoint("kaput", plugin_module("kaput", register_train_engines=register_train_engines))
+    )()
+    message = str(pytest.raises(RegistryError, manager.registries["train_engines"].get, "kaput").value)
+    line = message.splitlines()[2]
+    assert line.startswith("  KeyError: 'missing config key' (") and __file__ in line
+    assert "Traceback" in manager.plugins["kaput"].error  # the full traceback stays in PluginInfo
