@@ -1,5 +1,6 @@
 """One receiver rank of the broadcast test, run as a separate process:
-``python broadcast_worker.py RANK WORLD_SIZE PORT OUT.json``.
+``python broadcast_worker.py RANK WORLD_SIZE PORT OUT.json [PLATFORM]`` (``cpu``: gloo; ``cuda``: NCCL,
+this rank on GPU ``RANK``).
 
 It follows the sender's script of syncs (see test_broadcast.py) and writes what it saw to OUT.json.
 """
@@ -16,11 +17,13 @@ from rlcore.transports.config import TransportConfig
 from rlcore.weights import assemble
 
 
-def main(rank: int, world_size: int, port: int, out: str) -> None:
+def main(rank: int, world_size: int, port: int, out: str, platform_name: str = "cpu") -> None:
     torch.set_num_threads(1)
-    transport = BroadcastTransport(TransportConfig(name="broadcast", timeout_s=120), get_platform("cpu"))
+    platform = get_platform(platform_name)
+    platform.set_device(rank)
+    transport = BroadcastTransport(TransportConfig(name="broadcast", timeout_s=120), platform)
     transport.init_group(rank, world_size, "127.0.0.1", port)
-    seen = {}
+    seen = {"device": str(transport.device)}
 
     # sync 0: the whole stream, kept (clones: the received views are only ours until the next bucket).
     received = [[(n, t.clone()) for n, t in bucket] for bucket in transport.receive(None)]
@@ -28,7 +31,7 @@ def main(rank: int, world_size: int, port: int, out: str) -> None:
     whole = list(assemble(received))
     expected = streams.named_tensors(0)
     seen["assembled_equal"] = [n for n, _ in whole] == [n for n, _ in expected] and all(
-        a.dtype == b.dtype and torch.equal(a, b) for (_, a), (_, b) in zip(whole, expected, strict=True)
+        a.dtype == b.dtype and torch.equal(a.cpu(), b) for (_, a), (_, b) in zip(whole, expected, strict=True)
     )
     seen["stats"] = transport.last_receive_stats
 
@@ -54,4 +57,4 @@ def main(rank: int, world_size: int, port: int, out: str) -> None:
 
 
 if __name__ == "__main__":
-    main(int(sys.argv[1]), int(sys.argv[2]), int(sys.argv[3]), sys.argv[4])
+    main(int(sys.argv[1]), int(sys.argv[2]), int(sys.argv[3]), *sys.argv[4:])

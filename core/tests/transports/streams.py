@@ -38,7 +38,9 @@ def fingerprint(stream) -> list[list[tuple[str, str, tuple[int, ...], str]]]:
                     name,
                     str(t.dtype),
                     tuple(t.shape),
-                    hashlib.sha256(t.contiguous().view(-1).view(torch.uint8).numpy().tobytes()).hexdigest(),
+                    hashlib.sha256(
+                        t.cpu().contiguous().view(-1).view(torch.uint8).numpy().tobytes()
+                    ).hexdigest(),
                 )
                 for name, t in bucket
             ]

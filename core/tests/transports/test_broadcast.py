@@ -34,17 +34,19 @@ def failing_export():
     raise ValueError("exporter broke on rank 0")
 
 
-def test_broadcast_syncs_between_processes(tmp_path):
-    port, world = free_port(), 3
-    outs = [tmp_path / f"rank{r}.json" for r in (1, 2)]
+def run_syncs(tmp_path, platform_name, world):
+    """Sender here (rank 0), receivers 1 .. world-1 as processes; four syncs; returns what each saw."""
+    port = free_port()
+    outs = [tmp_path / f"rank{r}.json" for r in range(1, world)]
+    worker = str(HERE / "broadcast_worker.py")
     procs = [
-        subprocess.Popen(
-            [sys.executable, str(HERE / "broadcast_worker.py"), str(r), str(world), str(port), str(o)]
-        )
-        for r, o in zip((1, 2), outs, strict=True)
+        subprocess.Popen([sys.executable, worker, str(r), str(world), str(port), str(o), platform_name])
+        for r, o in zip(range(1, world), outs, strict=True)
     ]
     try:
-        sender = BroadcastTransport(TransportConfig(name="broadcast", timeout_s=120), get_platform("cpu"))
+        platform = get_platform(platform_name)
+        platform.set_device(0)
+        sender = BroadcastTransport(TransportConfig(name="broadcast", timeout_s=120), platform)
         sender.init_group(0, world, "127.0.0.1", port)
         sent = streams.buckets(0)
         handle = sender.send(iter(sent))
@@ -64,15 +66,33 @@ def test_broadcast_syncs_between_processes(tmp_path):
         for proc in procs:
             if proc.poll() is None:
                 proc.kill()
-    for out in outs:
-        seen = json.loads(out.read_text())
-        assert seen["fingerprint"] == as_json(streams.fingerprint(sent))
-        assert seen["assembled_equal"] is True
-        assert seen["stats"]["sync/receive_bytes"] == payload
-        assert seen["stats"]["sync/receive_buckets"] == len(sent)
-        assert seen["first_bucket_of_sync1"] == as_json(streams.fingerprint(streams.buckets(1)[:1]))
-        assert "exporter broke on rank 0" in seen["abort"]
-        assert seen["fingerprint_sync3"] == as_json(streams.fingerprint(streams.buckets(3)))
+    return [json.loads(out.read_text()) for out in outs], sent, payload
+
+
+def check_seen(seen, sent, payload):
+    assert seen["fingerprint"] == as_json(streams.fingerprint(sent))
+    assert seen["assembled_equal"] is True
+    assert seen["stats"]["sync/receive_bytes"] == payload
+    assert seen["stats"]["sync/receive_buckets"] == len(sent)
+    assert seen["first_bucket_of_sync1"] == as_json(streams.fingerprint(streams.buckets(1)[:1]))
+    assert "exporter broke on rank 0" in seen["abort"]
+    assert seen["fingerprint_sync3"] == as_json(streams.fingerprint(streams.buckets(3)))
+
+
+def test_broadcast_syncs_between_processes(tmp_path):
+    all_seen, sent, payload = run_syncs(tmp_path, "cpu", world=3)
+    for seen in all_seen:
+        check_seen(seen, sent, payload)
+
+
+@pytest.mark.gpu
+@pytest.mark.multigpu
+@pytest.mark.skipif(not torch.cuda.is_available() or torch.cuda.device_count() < 2, reason="needs 2 GPUs")
+def test_broadcast_over_nccl(tmp_path):
+    all_seen, sent, payload = run_syncs(tmp_path, "cuda", world=torch.cuda.device_count())
+    for rank, seen in enumerate(all_seen, start=1):
+        assert seen["device"] == f"cuda:{rank}"  # buckets arrive on the receiver's GPU
+        check_seen(seen, sent, payload)
 
 
 def test_pack_aligns_every_tensor_and_round_trips():
