@@ -1,20 +1,104 @@
-"""The ``vllm:`` config section."""
+"""The ``vllm:`` config section (light to import: no vllm, no torch).
+
+Engine-independent rollout settings (model path, dtype, tensor parallelism, ``max_model_len``,
+``gpu_memory_utilization``, seed) live in :class:`rlcore.api.RolloutSpec`; this section holds what only
+vLLM has.
+"""
+
+from __future__ import annotations
+
+from typing import Any
 
 import attrs
 
+#: What ``Completion.log_probs`` holds, in vLLM's words (``ModelConfig.logprobs_mode``).
+LOGPROBS_MODES = ("processed_logprobs", "raw_logprobs")
 
-@attrs.define
+#: Engine arguments this plugin sets itself from the spec and this section; ``engine_kwargs`` may not
+#: name them (it would silently override or be overridden).
+OWNED_ENGINE_ARGS = frozenset(
+    {
+        "model",
+        "dtype",
+        "tensor_parallel_size",
+        "max_model_len",
+        "gpu_memory_utilization",
+        "seed",
+        "enforce_eager",
+        "enable_prefix_caching",
+        "enable_sleep_mode",
+        "max_num_seqs",
+        "kv_cache_memory_bytes",
+        "logprobs_mode",
+        "worker_extension_cls",
+    }
+)
+
+
+def _positive(instance: Any, attribute: attrs.Attribute, value: int) -> None:
+    if value < 1:
+        raise ValueError(f"vllm.{attribute.name} must be >= 1, got {value!r}")
+
+
+def _sleep_level(instance: Any, attribute: attrs.Attribute, value: int) -> None:
+    if value not in (1, 2):
+        raise ValueError(
+            f"vllm.sleep_level must be 1 (keep a host copy of the weights) or 2 (discard them; a "
+            f"load_weights must follow resume), got {value!r}"
+        )
+
+
+def _logprobs_mode(instance: Any, attribute: attrs.Attribute, value: str) -> None:
+    if value not in LOGPROBS_MODES:
+        raise ValueError(f"vllm.logprobs_mode must be one of {', '.join(LOGPROBS_MODES)}, got {value!r}")
+
+
+def _kv_cache_gib(instance: Any, attribute: attrs.Attribute, value: float | None) -> None:
+    if value is not None and value <= 0:
+        raise ValueError(f"vllm.kv_cache_memory_gib must be positive or null, got {value!r}")
+
+
+def _engine_kwargs(instance: Any, attribute: attrs.Attribute, value: dict[str, Any]) -> None:
+    owned = sorted(OWNED_ENGINE_ARGS & set(value))
+    if owned:
+        raise ValueError(
+            f"vllm.engine_kwargs sets {owned}, which rlcore sets itself; use the rollout section "
+            f"(model_path, dtype, tensor_parallel_size, max_model_len, gpu_memory_utilization, seed) or "
+            f"the vllm fields of the same name instead"
+        )
+
+
+@attrs.define(kw_only=True)
 class VLLMConfig:
-    """Settings specific to the vLLM engine."""
+    """Settings specific to the vLLM rollout engine."""
 
-    #: Run the engine core in this process (fast start on CPU) instead of vLLM's separate process.
+    #: Run vLLM's engine core in this process (``VLLM_ENABLE_V1_MULTIPROCESSING=0``): starts in seconds
+    #: instead of tens of seconds on CPU and lets weight loads stream straight into the model without
+    #: crossing a process boundary. False runs it in vLLM's own process (then the script that builds
+    #: the engine needs an ``if __name__ == "__main__":`` guard).
     in_process: bool = True
-    #: Fraction of device memory for weights + KV cache (GPU); CPU uses ``kv_cache_space_gib``.
-    gpu_memory_utilization: float = 0.5
-    #: KV cache size on CPU, in GiB (vLLM's ``VLLM_CPU_KVCACHE_SPACE``).
-    kv_cache_space_gib: int = 1
-    enforce_eager: bool = True
+    #: KV cache size in GiB; null lets vLLM size it from ``rollout.gpu_memory_utilization``. On CPU vLLM
+    #: reads that fraction as a share of host memory, so set a fixed size there.
+    kv_cache_memory_gib: float | None = attrs.field(default=None, validator=_kv_cache_gib)
+    #: Run the model eagerly (no torch.compile, no CUDA graphs): faster start, slower decoding on GPU.
+    enforce_eager: bool = False
+    #: Reuse KV blocks of shared prompt prefixes (the ``n`` samples of a prompt, multi-turn histories).
     enable_prefix_caching: bool = True
-    #: Sleep level for ``release`` on GPU (1: offload weights, drop KV; 2: drop both).
-    sleep_level: int = 1
-    max_num_seqs: int = 256
+    #: vLLM sleep level used by ``release`` where vLLM supports sleep mode (see ``sleep_mode_supported``):
+    #: 1 moves weights to host memory and drops the KV cache; 2 drops both (cheaper when a weight load
+    #: follows every resume, as in colocated RL).
+    sleep_level: int = attrs.field(default=1, validator=_sleep_level)
+    #: Most sequences decoded in one engine step.
+    max_num_seqs: int = attrs.field(default=256, validator=_positive)
+    #: ``processed_logprobs``: log-probs of the sampled token under ``logits / temperature`` (after top-k /
+    #: top-p, which renormalise over the kept tokens), what a trainer computes at the same temperature
+    #: when neither filter is on. ``raw_logprobs`` (vLLM's default): ``log_softmax(logits)``, ignoring the
+    #: temperature, which disagrees with the trainer whenever ``temperature != 1``.
+    logprobs_mode: str = attrs.field(default="processed_logprobs", validator=_logprobs_mode)
+    #: Debugging switch: drop vLLM's prefix cache after every weight load. Turning it off reproduces the
+    #: stale-cache bug (prompts longer than one KV block keep generating from the old weights); never
+    #: turn it off in a run.
+    reset_prefix_cache_after_load: bool = True
+    #: Further ``vllm.EngineArgs`` passed through unchanged (``max_num_batched_tokens``, ``block_size``,
+    #: ``enable_chunked_prefill`` ...); vLLM rejects unknown names.
+    engine_kwargs: dict[str, Any] = attrs.field(factory=dict, validator=_engine_kwargs)

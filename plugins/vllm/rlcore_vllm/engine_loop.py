@@ -1,0 +1,201 @@
+"""A dedicated thread that owns one vLLM engine and steps it.
+
+Why a thread: ``agenerate`` callers (multi-turn and agent loops) keep many requests in flight and await
+them; something must call ``LLMEngine.step()`` while their event loop runs other work. Synchronous
+``generate`` goes through the same queue, so every request is scheduled alike and batched with whatever
+else is in flight. Everything else that touches the engine (weight loads, cache resets, sleep) runs in
+the *caller's* thread inside :meth:`EngineLoop.exclusive`, while this thread is parked: the weight
+stream is then read where the trainer produced it (its device, its process group), and no request sees
+half-loaded weights.
+
+The engine is built on this thread too, so the thread that steps it is the one vLLM initialised (device
+binding on accelerators, memory binding on CPU).
+"""
+
+from __future__ import annotations
+
+import collections
+import itertools
+import logging
+import queue
+import threading
+from collections.abc import Callable, Iterator
+from concurrent.futures import Future, InvalidStateError
+from contextlib import contextmanager
+from typing import Any
+
+import attrs
+
+log = logging.getLogger(__name__)
+
+
+class EngineStopped(RuntimeError):
+    """The engine thread is gone (shut down, or an engine step failed); build a new engine."""
+
+
+@attrs.define
+class _Submit:
+    request_id: str
+    prompt: list[int]
+    params: Any  # vllm.SamplingParams
+    future: Future
+
+
+@attrs.define
+class _Abort:
+    request_id: str
+
+
+@attrs.define
+class _Park:
+    parked: threading.Event = attrs.field(factory=threading.Event)
+    resume: threading.Event = attrs.field(factory=threading.Event)
+
+
+class _Stop:
+    pass
+
+
+class EngineLoop:
+    """Runs ``build()`` (returning a ``vllm.LLM``) on a new thread, then steps that engine whenever it has
+    requests. ``llm`` is the engine; touch it only inside :meth:`exclusive`."""
+
+    def __init__(self, build: Callable[[], Any], name: str = "rlcore-vllm-engine"):
+        self._inbox: queue.SimpleQueue = queue.SimpleQueue()
+        self._futures: dict[str, Future] = {}
+        self._failure: BaseException | None = None
+        self._ids = itertools.count()
+        self._backlog: collections.deque = collections.deque()  # commands taken from the inbox, in order
+        started: Future = Future()
+        self._thread = threading.Thread(target=self._run, args=(build, started), name=name, daemon=True)
+        self._thread.start()
+        self.llm = started.result()  # re-raises what build() raised
+
+    # -- caller side -----------------------------------------------------------------------------
+    def submit(self, prompt: list[int], params: Any) -> Future:
+        """Queue one single-sample request; the future resolves to its final ``RequestOutput``.
+        Cancelling the future aborts the request in the engine."""
+        self._check_alive()
+        request_id = f"rlcore-{next(self._ids)}"
+        future: Future = Future()
+        future.add_done_callback(lambda f: f.cancelled() and self._inbox.put(_Abort(request_id)))
+        self._inbox.put(_Submit(request_id, prompt, params, future))
+        return future
+
+    @contextmanager
+    def exclusive(self) -> Iterator[Any]:
+        """Park the engine thread once the requests queued before this call have finished, and yield the
+        engine to the caller's thread; requests queued meanwhile wait until the block exits."""
+        self._check_alive()
+        park = _Park()
+        self._inbox.put(park)
+        try:
+            while not park.parked.wait(0.05):
+                self._check_alive()
+            yield self.llm
+        finally:
+            park.resume.set()
+
+    def close(self) -> None:
+        """Abort what is in flight and stop the thread (the engine itself stays for its owner to shut)."""
+        if self._thread.is_alive():
+            self._inbox.put(_Stop())
+            self._thread.join()
+
+    def _check_alive(self) -> None:
+        if self._failure is not None:
+            raise EngineStopped(
+                f"the vLLM engine thread stopped: {type(self._failure).__name__}: {self._failure}"
+            ) from self._failure
+        if not self._thread.is_alive():
+            raise EngineStopped("the vLLM engine was shut down; build a new one")
+
+    # -- engine thread ---------------------------------------------------------------------------
+    def _run(self, build: Callable[[], Any], started: Future) -> None:
+        try:
+            llm = build()
+        except BaseException as exc:
+            started.set_exception(exc)
+            return
+        started.set_result(llm)
+        engine, backlog = llm.llm_engine, self._backlog
+        try:
+            while True:
+                if not backlog and not engine.has_unfinished_requests():
+                    backlog.append(self._inbox.get())  # idle: sleep until there is something to do
+                while True:
+                    try:
+                        backlog.append(self._inbox.get_nowait())
+                    except queue.Empty:
+                        break
+                if not self._handle(engine, backlog):
+                    return
+                if engine.has_unfinished_requests():
+                    for output in engine.step():
+                        if output.finished:
+                            _resolve(self._futures.pop(output.request_id, None), output)
+        except BaseException as exc:
+            log.exception("vLLM engine step failed; failing every request in flight")
+            self._failure = exc
+            self._fail_all(exc)
+
+    def _handle(self, engine: Any, backlog: collections.deque) -> bool:
+        """Apply queued commands in order; a park waits (and holds back what follows it) while requests
+        are in flight. Returns False on stop."""
+        while backlog:
+            command = backlog[0]
+            if isinstance(command, _Park) and engine.has_unfinished_requests():
+                return True
+            backlog.popleft()
+            if isinstance(command, _Submit):
+                if command.future.cancelled():
+                    continue
+                try:
+                    engine.add_request(
+                        command.request_id, {"prompt_token_ids": command.prompt}, command.params
+                    )
+                except Exception as exc:
+                    _resolve(command.future, exc)
+                else:
+                    self._futures[command.request_id] = command.future
+            elif isinstance(command, _Abort):
+                if self._futures.pop(command.request_id, None) is not None:
+                    engine.abort_request([command.request_id])
+            elif isinstance(command, _Park):
+                command.parked.set()
+                command.resume.wait()
+            else:  # _Stop
+                if self._futures:
+                    engine.abort_request(list(self._futures))
+                self._fail_all(EngineStopped("the vLLM engine was shut down while this request ran"))
+                return False
+        return True
+
+    def _fail_all(self, exc: BaseException) -> None:
+        for future in self._futures.values():
+            _resolve(future, exc)
+        self._futures.clear()
+        while True:  # settle requests this thread will never handle (parked callers poll _check_alive)
+            try:
+                self._backlog.append(self._inbox.get_nowait())
+            except queue.Empty:
+                break
+        for command in self._backlog:
+            if isinstance(command, _Submit):
+                _resolve(command.future, exc)
+        self._backlog.clear()
+
+
+def _resolve(future: Future | None, value: Any) -> None:
+    """Settle ``future`` with a result or an exception, unless its caller cancelled it meanwhile."""
+    if future is None:
+        return
+    try:
+        if not future.set_running_or_notify_cancel():
+            return
+        if isinstance(value, BaseException):
+            future.set_exception(value)
+        else:
+            future.set_result(value)
+    except (InvalidStateError, RuntimeError):
+        pass  # already settled

@@ -1,0 +1,155 @@
+"""The weight-stream filter in front of vLLM's reload (no vLLM needed: the model is read on meta)."""
+
+import pytest
+import torch
+from rlcore.weights import bucketize
+from rlcore_vllm.weight_stream import ModelWeights, StreamFilter, WeightStreamError
+
+#: vLLM's Qwen2ForCausalLM.packed_modules_mapping (the engine asks its worker for it).
+QWEN2_PACKED = {"qkv_proj": ["q_proj", "k_proj", "v_proj"], "gate_up_proj": ["gate_proj", "up_proj"]}
+ATTN = "model.layers.0.self_attn"
+
+
+@pytest.fixture(scope="module")
+def weights(tiny_model_path):
+    return ModelWeights.from_pretrained(str(tiny_model_path), QWEN2_PACKED)
+
+
+@pytest.fixture(scope="module")
+def hf_params(tiny_model_path):
+    """What a trainer exporting ``named_parameters()`` sends: no ``lm_head.weight`` (tied, deduplicated)."""
+    from transformers import AutoModelForCausalLM
+
+    model = AutoModelForCausalLM.from_pretrained(str(tiny_model_path), dtype=torch.float32)
+    return [(n, p.detach().clone()) for n, p in model.named_parameters()]
+
+
+def run(weights, buckets, dtype=torch.float32):
+    stream = StreamFilter(weights, buckets, dtype)
+    return stream, list(stream)
+
+
+def test_model_weights_from_the_checkpoint(weights):
+    assert weights.shapes["lm_head.weight"] == weights.shapes["model.embed_tokens.weight"] == (1024, 256)
+    assert weights.shapes[f"{ATTN}.k_proj.weight"] == (128, 256)
+    assert set(weights.ties["lm_head.weight"]) == {"lm_head.weight", "model.embed_tokens.weight"}
+    assert weights.module_of(f"{ATTN}.k_proj.bias") == f"{ATTN}.qkv_proj"
+    assert weights.module_of("model.layers.1.mlp.up_proj.weight") == "model.layers.1.mlp.gate_up_proj"
+    assert weights.module_of("model.norm.weight") == "model.norm"
+    assert weights.members()[f"{ATTN}.qkv_proj"] == {
+        f"{ATTN}.{p}_proj.{k}" for p in "qkv" for k in ("weight", "bias")
+    }
+
+
+def test_full_stream_passes_whole_with_tied_lm_head(weights, hf_params):
+    bound = max(t.numel() * t.element_size() for _, t in hf_params) // 3  # split the largest tensors
+    stream, out = run(weights, bucketize(hf_params, bound), dtype=torch.bfloat16)
+    stream.raise_if_failed()
+    sent = dict(out)
+    assert len(out) == len(sent) == len(hf_params) + 1, "each weight exactly once, plus the tied lm_head"
+    for name, tensor in hf_params:
+        assert sent[name].dtype == torch.bfloat16
+        assert torch.equal(sent[name], tensor.to(torch.bfloat16)), name
+    assert torch.equal(sent["lm_head.weight"], sent["model.embed_tokens.weight"])
+    assert len(stream.loaded) == len(weights.members())
+
+
+def test_fused_module_is_held_until_complete(weights, hf_params):
+    params = dict(hf_params)
+    order = [f"{ATTN}.q_proj.weight", f"{ATTN}.q_proj.bias", f"{ATTN}.o_proj.weight"] + [
+        f"{ATTN}.{p}_proj.{k}" for p in "kv" for k in ("weight", "bias")
+    ]
+    stream, out = run(weights, [[(n, params[n])] for n in order])
+    names = [n for n, _ in out]
+    assert names[0] == f"{ATTN}.o_proj.weight", "o_proj is complete first; qkv waits for v_proj"
+    assert sorted(names[1:]) == sorted(set(order) - {f"{ATTN}.o_proj.weight"})
+    assert stream.loaded == [f"{ATTN}.o_proj", f"{ATTN}.qkv_proj"]
+    stream.raise_if_failed()  # a partial stream of complete modules is fine
+
+
+def test_incomplete_module_is_never_sent(weights, hf_params):
+    params = dict(hf_params)
+    sent_names = [f"{ATTN}.q_proj.weight", f"{ATTN}.k_proj.weight", "model.norm.weight"]
+    stream, out = run(weights, [[(n, params[n]) for n in sent_names]])
+    assert [n for n, _ in out] == ["model.norm.weight"]
+    with pytest.raises(
+        WeightStreamError, match=r"only partly sent.*qkv_proj \(missing .*q_proj\.bias"
+    ) as info:
+        stream.raise_if_failed()
+    assert info.value.loaded == ("model.norm",)
+
+
+def test_unknown_name_stops_the_stream(weights, hf_params):
+    params = dict(hf_params)
+    closed = []
+
+    def buckets():  # a transport: it must be closed (drained) when the load stops early
+        try:
+            yield [("model.norm.weight", params["model.norm.weight"])]
+            yield [("model.layers.0.self_attn.q_prj.weight", params[f"{ATTN}.q_proj.weight"])]
+            yield [("model.layers.1.input_layernorm.weight", params["model.layers.1.input_layernorm.weight"])]
+        finally:
+            closed.append(True)
+
+    stream, out = run(weights, buckets())
+    assert [n for n, _ in out] == ["model.norm.weight"], "nothing after the bad name reaches vLLM"
+    assert closed == [True]
+    with pytest.raises(
+        WeightStreamError, match=r"sent 'model\.layers\.0\.self_attn\.q_prj\.weight', which"
+    ) as info:
+        stream.raise_if_failed()
+    assert f"'{ATTN}.q_proj.weight'" in str(info.value), "the closest valid name is suggested"
+    assert "1 modules before it were loaded" in str(info.value)
+
+
+def test_unknown_first_name_loads_nothing(weights):
+    stream, out = run(weights, [[("module.model.norm.weight", torch.ones(256))]])
+    assert out == []
+    with pytest.raises(WeightStreamError, match=r"without wrapper prefixes.*nothing was loaded"):
+        stream.raise_if_failed()
+
+
+def test_wrong_shape(weights):
+    stream, out = run(weights, [[("model.norm.weight", torch.ones(255))]])
+    assert out == []
+    with pytest.raises(
+        WeightStreamError, match=r"shape \(255,\), but the rollout model .* has shape \(256,\)"
+    ):
+        stream.raise_if_failed()
+
+
+def test_duplicate_name(weights):
+    norm = torch.ones(256)
+    stream, out = run(weights, [[("model.norm.weight", norm)], [("model.norm.weight", norm)]])
+    assert [n for n, _ in out] == ["model.norm.weight"]
+    with pytest.raises(WeightStreamError, match="sent 'model.norm.weight' twice"):
+        stream.raise_if_failed()
+
+
+def test_tied_names_must_agree(weights):
+    embed = torch.randn(1024, 256)
+    stream, out = run(weights, [[("model.embed_tokens.weight", embed), ("lm_head.weight", embed.clone())]])
+    stream.raise_if_failed()
+    assert sorted(n for n, _ in out) == ["lm_head.weight", "model.embed_tokens.weight"], "sent once each"
+    stream, _ = run(weights, [[("model.embed_tokens.weight", embed), ("lm_head.weight", embed + 1)]])
+    with pytest.raises(WeightStreamError, match="ties .* different values"):
+        stream.raise_if_failed()
+
+
+def test_failing_transport_is_reported_and_closed(weights):
+    closed = []
+
+    def buckets():
+        try:
+            yield [("model.norm.weight", torch.ones(256))]
+            raise ConnectionError("peer went away")
+        finally:
+            closed.append(True)
+
+    stream, out = run(weights, buckets())
+    assert [n for n, _ in out] == ["model.norm.weight"]
+    assert closed == [True]
+    with pytest.raises(
+        WeightStreamError, match=r"failed while being read \(ConnectionError: peer went away\)"
+    ):
+        stream.raise_if_failed()
