@@ -138,8 +138,13 @@ class FakeTrainEngine(TrainEngine):
         self.model = _build_model(self.config, spec.model_path, spec.head, spec.seed, spec.dtype).to(
             self.device
         )
-        self.optimizer = torch.optim.AdamW(
-            self.model.parameters(), lr=spec.lr, betas=tuple(spec.betas), weight_decay=spec.weight_decay
+        # A frozen role (reference, reward model) holds no optimizer state at all.
+        self.optimizer = (
+            torch.optim.AdamW(
+                self.model.parameters(), lr=spec.lr, betas=tuple(spec.betas), weight_decay=spec.weight_decay
+            )
+            if spec.trainable
+            else None
         )
         self.global_step = 0
         self._released = _Released("FakeTrainEngine", self.RELEASE_TAGS)
@@ -298,12 +303,12 @@ class FakeTrainEngine(TrainEngine):
                 continue
             if tag == "weights":
                 self._released.stash["weights"] = _offload_params(self.model)
-            elif tag == "optimizer":
-                state = self.optimizer.state_dict()
-                self._released.stash["optimizer"] = _to_cpu(state)
+            elif tag == "optimizer" and self.optimizer is not None:
+                self._released.stash["optimizer"] = _to_cpu(self.optimizer.state_dict())
                 self.optimizer.state.clear()
-            else:  # grads: none are kept between steps, so there is nothing to copy
-                self.optimizer.zero_grad(set_to_none=True)
+            elif tag == "grads":  # none are kept between steps, so there is nothing to copy
+                for p in self.model.parameters():
+                    p.grad = None
             self._released.tags.add(tag)
 
     def resume(self, tags: Sequence[str]) -> None:
@@ -315,7 +320,7 @@ class FakeTrainEngine(TrainEngine):
             stash = self._released.stash.pop(tag, None)
             if tag == "weights":
                 _restore_params(self.model, stash, self.device)
-            elif tag == "optimizer":
+            elif tag == "optimizer" and stash is not None:
                 self.optimizer.load_state_dict(stash)
             self._released.tags.discard(tag)
 
@@ -338,7 +343,7 @@ class FakeTrainEngine(TrainEngine):
         if self.dist.rank == 0:
             state = {
                 "model": self.model.state_dict(),
-                "optimizer": self.optimizer.state_dict(),
+                "optimizer": self.optimizer.state_dict() if self.optimizer is not None else None,
                 "global_step": self.global_step,
                 "shape": self._shape(),
             }
@@ -357,7 +362,8 @@ class FakeTrainEngine(TrainEngine):
                 f"checkpoint {path} holds a TinyLM {state['shape']}, but this engine's model is {self._shape()}"
             )
         self.model.load_state_dict(state["model"])
-        self.optimizer.load_state_dict(state["optimizer"])
+        if self.optimizer is not None and state["optimizer"] is not None:
+            self.optimizer.load_state_dict(state["optimizer"])
         self.global_step = int(state["global_step"])
 
     def export_hf(self, path: str) -> None:

@@ -205,10 +205,18 @@ def test_release_and_resume_bookkeeping():
     engine.train_step(batch, token_nll_loss)
 
 
-def test_untrainable_engine_and_bad_loss():
+def test_untrainable_engine_and_bad_loss(tmp_path):
     batch = contract_batch(2, vocab_low=3, vocab_high=50)
+    frozen = make(trainable=False)
+    assert frozen.optimizer is None  # a reference model keeps no optimizer state
     with pytest.raises(RuntimeError, match="trainable=False"):
-        make(trainable=False).train_step(batch, token_nll_loss)
+        frozen.train_step(batch, token_nll_loss)
+    frozen.release(["weights", "optimizer", "grads"])
+    frozen.resume(["weights", "optimizer", "grads"])
+    frozen.save_checkpoint(str(tmp_path / "frozen"))
+    other = make(trainable=False, seed=1)
+    other.load_checkpoint(str(tmp_path / "frozen"))
+    assert torch.equal(other.infer(batch)["log_probs"], frozen.infer(batch)["log_probs"])
     with pytest.raises(TypeError, match="scalar tensor"):
         make().train_step(batch, lambda out, mb: (out["log_probs"], {}))
 

@@ -1,0 +1,1 @@
+"""rlcore-test-boom: a plugin that fails to import (a test fixture)."""

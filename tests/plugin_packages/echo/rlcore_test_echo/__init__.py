@@ -1,0 +1,1 @@
+"""rlcore-test-echo: the smallest well-formed engine plugin (a test fixture)."""

@@ -1,0 +1,201 @@
+"""Plugin discovery end to end, with real installed distributions (tests/plugin_packages/).
+
+The three test plugins are built and installed with pip into a private target folder, which the
+subprocesses under test see through ``PYTHONPATH``: they are real distributions found through their
+``rlcore`` entry points, and the shared environment other test runs use is never modified.
+
+- ``rlcore-test-echo`` (entry point ``echo``): registers the ``echo`` train engine.
+- ``rlcore-test-boom`` (``boom``): its entry-point module raises on import.
+- ``rlcore-test-future`` (``future``): declares ``RLCORE_PLUGIN_API = 99``.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+
+import pytest
+
+PACKAGES = Path(__file__).parent / "plugin_packages"
+BOOM = "RuntimeError: rlcore-test-boom is broken on purpose: libboom.so not found"
+RLCORE = Path(sys.executable).with_name("rlcore")
+
+
+@pytest.fixture(scope="module")
+def site(tmp_path_factory) -> Path:
+    """A folder holding the three installed test plugins."""
+    work = tmp_path_factory.mktemp("plugin-site")
+    sources = []
+    for name in ("echo", "boom", "future"):
+        # Build from a copy, so the build leaves no build/ or egg-info in the checkout.
+        dst = work / "src" / name
+        shutil.copytree(
+            PACKAGES / name, dst, ignore=shutil.ignore_patterns("build", "*.egg-info", "__pycache__")
+        )
+        sources.append(str(dst))
+    target = work / "site"
+    subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "pip",
+            "install",
+            "--no-deps",
+            "--no-build-isolation",
+            "-q",
+            "--target",
+            str(target),
+        ]
+        + sources,
+        check=True,
+        capture_output=True,
+        timeout=300,
+    )
+    return target
+
+
+def run(site: Path, *args: str, **env: str) -> subprocess.CompletedProcess:
+    """Run a command with the test plugins installed and ``env`` added (``RLCORE_*`` cleared first)."""
+    base = {k: v for k, v in os.environ.items() if not k.startswith("RLCORE_") and k != "RAY_ADDRESS"}
+    base["PYTHONPATH"] = os.pathsep.join([str(site), *filter(None, [os.environ.get("PYTHONPATH")])])
+    return subprocess.run([*args], capture_output=True, text=True, env={**base, **env}, timeout=300)
+
+
+def plugins_json(site: Path, **env: str) -> dict[str, dict]:
+    proc = run(site, str(RLCORE), "plugins", "--json", **env)
+    assert proc.returncode == 0, proc.stderr
+    listing = json.loads(proc.stdout)
+    assert isinstance(listing, list)
+    for info in listing:
+        missing = {"name", "version", "distribution", "status", "error", "registers"} - set(info)
+        assert not missing, f"plugin entry {info.get('name')} lacks {missing}"
+    return {info["name"]: info for info in listing}
+
+
+def test_plugins_json_reports_each_plugin(site):
+    plugins = plugins_json(site)
+    echo = plugins["echo"]
+    assert (echo["status"], echo["error"]) == ("loaded", None)
+    assert (echo["distribution"], echo["version"]) == ("rlcore-test-echo", "0.0.1")
+    assert echo["registers"] == {"train_engines": ["echo"]}
+
+    boom = plugins["boom"]
+    assert boom["status"] == "failed" and boom["registers"] == {}
+    assert BOOM in boom["error"]  # the plugin's real exception, with its traceback
+    assert "rlcore_test_boom/plugin.py" in boom["error"]
+
+    future = plugins["future"]
+    assert future["status"] == "failed"
+    assert (
+        "plugin 'future' (rlcore-test-future, module rlcore_test_future.plugin) targets rlcore plugin API 99, "
+        "but rlcore 0.1.0 provides API 1" in future["error"]
+    )
+
+    # the others still load: core's own engine plugins and the built-ins
+    assert plugins["fsdp"]["status"] == "loaded" and plugins["fsdp"]["registers"] == {
+        "train_engines": ["fsdp"]
+    }
+    assert plugins["rlcore.testing.plugin"]["builtin"] is True
+
+
+def test_plugins_table_shows_the_failure(site):
+    proc = run(site, str(RLCORE), "plugins", COLUMNS="200")
+    assert proc.returncode == 0, proc.stderr
+    assert "rlcore-test-echo" in proc.stdout and BOOM in proc.stdout
+
+
+def test_block_plugins(site):
+    plugins = plugins_json(site, RLCORE_BLOCK_PLUGINS="boom")
+    assert plugins["boom"]["status"] == "blocked"
+    assert plugins["boom"]["error"] == "blocked by RLCORE_BLOCK_PLUGINS='boom'"
+    assert plugins["echo"]["status"] == "loaded" and plugins["fsdp"]["status"] == "loaded"
+
+
+def test_load_only_listed_plugins(site):
+    # entry-point names and distribution names both select
+    plugins = plugins_json(site, RLCORE_LOAD_PLUGINS="echo,rlcore-fsdp")
+    statuses = {name: info["status"] for name, info in plugins.items() if not info["builtin"]}
+    assert statuses.pop("echo") == "loaded" and statuses.pop("fsdp") == "loaded"
+    assert set(statuses.values()) == {"not selected"} and {"boom", "future"} <= set(statuses)
+
+    plugins = plugins_json(site, RLCORE_LOAD_PLUGINS="")
+    assert {info["status"] for info in plugins.values() if not info["builtin"]} == {"not selected"}
+    assert {info["status"] for info in plugins.values() if info["builtin"]} == {"loaded"}
+
+
+def test_train_with_the_failed_plugins_engine_quotes_its_error(site):
+    proc = run(site, str(RLCORE), "train", "--engine", "boom")
+    assert proc.returncode != 0
+    assert "unknown train engine 'boom'" in proc.stderr
+    assert "Plugin 'boom' is installed but failed to load, which is why" in proc.stderr
+    assert BOOM in proc.stderr
+    assert "pip install rlcore-boom" not in proc.stderr  # it is installed; reinstalling is not the fix
+    assert "Traceback (most recent call last)" not in proc.stderr  # a user error, not an rlcore crash
+
+
+def test_train_with_an_unknown_engine(site):
+    proc = run(site, str(RLCORE), "train", "--engine", "nosuch")
+    assert proc.returncode != 0
+    first = proc.stderr.splitlines()[0]
+    assert "unknown train engine 'nosuch'. Installed:" in first
+    assert all(name in first for name in ("echo", "fake", "fsdp"))
+    assert "pip install rlcore-nosuch" in proc.stderr
+
+
+RAY_SCRIPT = textwrap.dedent(
+    """
+    import json
+    import ray
+
+    @ray.remote
+    def resolve(build_echo):
+        from rlcore.api import EngineSpec, TrainEngine
+        from rlcore.plugins import get_plugin_manager, registry
+        from rlcore.testing.contract import contract_batch
+
+        names = registry("train_engines").names()
+        result = {"train_engines": names, "status": {n: i.status for n, i in get_plugin_manager().plugins.items()}}
+        if build_echo:
+            cls = registry("train_engines").get("echo")
+            config = registry("train_engines").entry("echo").options["config"](vocab_size=64)
+            engine = cls(EngineSpec(model_path="", trainable=False), config)
+            batch = contract_batch(2, vocab_low=3, vocab_high=64)
+            result["echo_is_train_engine"] = issubclass(cls, TrainEngine)
+            result["echo_log_probs_shape"] = list(engine.infer(batch)["log_probs"].shape)
+        return result
+
+    # A private local cluster (not one another process started on this host): its workers inherit
+    # this process's environment, PYTHONPATH with the test plugins included.
+    ray.init(address="local", num_cpus=1, include_dashboard=False, log_to_driver=False)
+    try:
+        everything = ray.get(resolve.remote(True))
+        only_echo = ray.get(
+            resolve.options(runtime_env={"env_vars": {"RLCORE_LOAD_PLUGINS": "echo"}}).remote(False)
+        )
+    finally:
+        ray.shutdown()
+    print("RESULT " + json.dumps({"everything": everything, "only_echo": only_echo}))
+    """
+)
+
+
+def test_registries_resolve_inside_ray_workers(site, tmp_path):
+    pytest.importorskip("ray")
+    script = tmp_path / "ray_registry.py"
+    script.write_text(RAY_SCRIPT)
+    proc = run(site, sys.executable, str(script))
+    assert proc.returncode == 0, proc.stderr[-4000:]
+    line = next(line for line in proc.stdout.splitlines() if line.startswith("RESULT "))
+    result = json.loads(line[len("RESULT ") :])
+    everything, only_echo = result["everything"], result["only_echo"]
+    assert {"fsdp", "echo", "fake"} <= set(everything["train_engines"])
+    assert everything["status"]["boom"] == "failed"
+    assert everything["echo_is_train_engine"] and everything["echo_log_probs_shape"] == [2, 4]
+    # RLCORE_LOAD_PLUGINS from the task's runtime_env restricts that worker's plugins
+    assert only_echo["train_engines"] == ["echo", "fake"]
+    assert only_echo["status"]["fsdp"] == "not selected" and only_echo["status"]["echo"] == "loaded"
