@@ -2,18 +2,44 @@
 
 import attrs
 
+#: Attention backends whose Hugging Face code keeps packed sequences apart using ``position_ids`` resets
+#: (``sdpa``/``eager`` through a block-diagonal mask in ``transformers.masking_utils``, flash-attention
+#: through its var-len kernels). The engine also probes the loaded model before it packs anything.
+PACKING_ATTENTION = ("sdpa", "eager", "flash_attention_2", "flash_attention_3")
+
+
+def _positive(instance, attribute, value):
+    if value < 1:
+        raise ValueError(f"fsdp.{attribute.name} must be >= 1, got {value}")
+
+
+def _mixed_precision(instance, attribute, value):
+    if value not in (None, "bfloat16"):
+        raise ValueError(
+            f"fsdp.mixed_precision must be 'bfloat16' or null, got {value!r} "
+            "(float16 would need loss scaling, which this engine does not do)"
+        )
+
 
 @attrs.define
 class FSDPConfig:
     """Settings specific to the FSDP2 engine (model-independent ones live in the role sections)."""
 
-    #: Shard parameters per decoder layer and at the root (FSDP2 ``fully_shard``); False: replicate.
+    #: Free each decoder layer's gathered parameters after its forward (ZeRO-3); False keeps them
+    #: gathered until the backward (ZeRO-2-like: more memory, one all-gather less per layer).
     reshard_after_forward: bool = True
-    #: Compute dtype for bf16 mixed precision (``"bfloat16"``), or None for full precision.
-    mixed_precision: str | None = None
-    #: Keep parameters, gradients and optimizer state on the CPU between steps (FSDP2 CPUOffloadPolicy).
+    #: Compute dtype for mixed precision (``"bfloat16"``: parameters gathered and used in bf16, gradients
+    #: reduced and stored in fp32), or None to compute in the parameter dtype (``EngineSpec.dtype``).
+    mixed_precision: str | None = attrs.field(default=None, validator=_mixed_precision)
+    #: Keep sharded parameters, gradients and optimizer state in CPU memory (FSDP2 ``CPUOffloadPolicy``);
+    #: the optimizer step then runs on the CPU.
     cpu_offload: bool = False
-    #: Remove padding and pack variable-length sequences into one row where the attention supports it.
+    #: Drop padding and pack each micro-batch's sequences into one row (``position_ids`` restart at 0 per
+    #: sequence). Needs an attention backend in :data:`PACKING_ATTENTION`; the engine refuses otherwise.
     use_remove_padding: bool = False
-    #: Vocabulary chunk size for log-prob / entropy so full fp32 logits never exist for the whole batch.
-    logits_chunk_size: int = 1024
+    #: Hugging Face ``attn_implementation`` the model is loaded with.
+    attn_implementation: str = "sdpa"
+    #: Tokens per chunk when computing log-probs and entropy from the output layer, so fp32 logits exist
+    #: for at most this many tokens at a time (``[chunk, vocab]``); in training each chunk's logits are
+    #: recomputed in the backward instead of kept.
+    logits_chunk_size: int = attrs.field(default=1024, validator=_positive)

@@ -1,0 +1,429 @@
+"""``FSDPEngine``: a :class:`rlcore.api.TrainEngine` on PyTorch FSDP2 for Hugging Face causal LMs.
+
+One instance runs on every rank of a role. Construction joins (or creates) the process group, loads the
+model from a local folder on the CPU, shards it with FSDP2 (:mod:`rlcore_fsdp.parallelize`) and builds
+AdamW. The device, the collective backend and device-memory calls all come from the
+:class:`rlcore.api.DevicePlatform`, so the code has no vendor branch.
+
+Per step, :meth:`FSDPEngine.train_step` splits the rank's rows into micro-batches (the same count on
+every rank, :mod:`rlcore_fsdp.micro_batches`), runs forward and backward on each with gradients
+accumulated and summed over ranks (the loss function already divides by global counts), clips, and
+steps AdamW with the warm-up/cosine schedule (:mod:`rlcore_fsdp.schedule`).
+"""
+
+from __future__ import annotations
+
+import math
+from collections import defaultdict
+from collections.abc import Iterator, Sequence
+from typing import Any
+
+import torch
+import torch.distributed as dist
+from rlcore.api import Batch, DistInfo, EngineSpec, LossFn, TrainEngine, WeightBucket
+from rlcore.weights import bucketize
+from torch.distributed.checkpoint.state_dict import get_model_state_dict, get_state_dict, set_state_dict
+from torch.distributed.device_mesh import init_device_mesh
+from torch.distributed.fsdp import FSDPModule
+from torch.distributed.tensor import DTensor
+
+from rlcore_fsdp.checkpoint import load_sharded, save_sharded, write_atomically, write_hf_folder
+from rlcore_fsdp.config import PACKING_ATTENTION, FSDPConfig
+from rlcore_fsdp.micro_batches import ModelInputs, build_inputs, equalize, plan_micro_batches, token_costs
+from rlcore_fsdp.model import HeadedModel, load_hf_model, torch_dtype
+from rlcore_fsdp.parallelize import parallelize
+from rlcore_fsdp.schedule import check_schedule, lr_factor
+
+#: What :meth:`FSDPEngine.infer` can return per head.
+HEAD_OUTPUTS = {"lm": ("log_probs", "entropy"), "value": ("values",), "score": ("scores",)}
+RELEASE_TAGS = ("weights", "grads", "optimizer")
+
+
+def init_process_group(platform, info: DistInfo) -> bool:
+    """Join the default process group, creating it if needed; True when this call created it.
+
+    Several ranks rendezvous at ``tcp://master_addr:master_port``; a single rank uses an in-memory store
+    (no port to collide with), so the one-process engine runs the same FSDP code as many.
+    """
+    if dist.is_initialized():
+        if dist.get_world_size() != info.world_size:
+            raise RuntimeError(
+                f"torch.distributed is already initialised with world size {dist.get_world_size()}, but "
+                f"DistInfo.world_size is {info.world_size}; the FSDP engine shards over the default group"
+            )
+        return False
+    if info.world_size > 1:
+        dist.init_process_group(
+            backend=platform.dist_backend,
+            init_method=f"tcp://{info.master_addr}:{info.master_port}",
+            rank=info.rank,
+            world_size=info.world_size,
+        )
+    else:
+        dist.init_process_group(backend=platform.dist_backend, store=dist.HashStore(), rank=0, world_size=1)
+    return True
+
+
+class FSDPEngine(TrainEngine):
+    """FSDP2 train engine. ``FSDPEngine(spec, config, platform, dist)``; see the package README."""
+
+    config_class = FSDPConfig
+
+    def __init__(
+        self,
+        spec: EngineSpec,
+        config: FSDPConfig | None = None,
+        platform: Any = None,
+        dist: DistInfo | None = None,
+    ):
+        if platform is None:
+            from rlcore.devices import get_platform
+
+            platform = get_platform("auto")
+        super().__init__(spec, config or FSDPConfig(), platform, dist or DistInfo())
+        spec, config = self.spec, self.config
+        if spec.head not in HEAD_OUTPUTS:
+            raise ValueError(f"EngineSpec.head must be one of {sorted(HEAD_OUTPUTS)}, got {spec.head!r}")
+        if spec.temperature <= 0:
+            raise ValueError(f"EngineSpec.temperature must be > 0, got {spec.temperature}")
+        check_schedule(spec.lr_schedule, spec.warmup_steps, spec.total_steps, spec.min_lr_ratio)
+        if config.use_remove_padding and config.attn_implementation not in PACKING_ATTENTION:
+            raise ValueError(
+                f"fsdp.use_remove_padding needs an attention backend that keeps packed sequences apart "
+                f"({', '.join(PACKING_ATTENTION)}); fsdp.attn_implementation is {config.attn_implementation!r}. "
+                "Change one of the two."
+            )
+        self.param_dtype = torch_dtype(spec.dtype, "EngineSpec.dtype")
+
+        self.device = self.platform.set_device(self.dist.local_rank)
+        self._owns_process_group = init_process_group(self.platform, self.dist)
+        mesh = init_device_mesh(self.platform.device_type, (self.dist.world_size,))
+
+        hf = load_hf_model(
+            spec.model_path, spec.head, self.param_dtype, config.attn_implementation, spec.seed
+        )
+        # Names sharing a parameter with an earlier name (tied lm_head): {later name: earlier name}.
+        first_name: dict[int, str] = {}
+        self._tied: dict[str, str] = {}
+        for name, param in hf.named_parameters(remove_duplicate=False):
+            self._tied.update({name: first_name[id(param)]} if id(param) in first_name else {})
+            first_name.setdefault(id(param), name)
+        if not spec.trainable:
+            hf.requires_grad_(False)
+        self.module = HeadedModel(hf, spec.head)
+        parallelize(self.module, mesh, config, spec.gradient_checkpointing)
+
+        self.optimizer = None
+        if spec.trainable:
+            self.optimizer = torch.optim.AdamW(
+                [p for p in self.module.parameters() if p.requires_grad],
+                lr=spec.lr,
+                betas=tuple(spec.betas),
+                weight_decay=spec.weight_decay,
+            )
+        self.step = 0  # optimizer steps taken; drives the LR schedule
+        self._released: set[str] = set()
+        if config.use_remove_padding:
+            self._check_packing()
+
+    # -- public contract ---------------------------------------------------------------------------
+    def train_step(self, batch: Batch, loss_fn: LossFn) -> dict[str, float]:
+        """See :meth:`rlcore.api.TrainEngine.train_step`. ``loss_fn`` receives ``log_probs``/``entropy``
+        ``[b, R]`` (lm), ``values [b, R]`` (value) or ``scores [b]`` (score) on the engine's device, zero at
+        padding. Metrics: ``loss`` (summed over micro-batches and ranks: the mini-batch loss), ``grad_norm``
+        (before clipping), ``lr``, and ``loss_fn``'s metrics averaged over micro-batches and ranks."""
+        if self.optimizer is None:
+            raise RuntimeError("this FSDP engine was built with EngineSpec.trainable=False; it cannot train")
+        self._check_resident("train_step", ("weights", "optimizer"))
+        self.module.train()
+        loss_sum, sums, counts = 0.0, defaultdict(float), defaultdict(int)
+        for part in self._micro_batches(batch):
+            micro = batch.index(list(part.rows))
+            inputs = build_inputs(micro, self.spec.head, self.config.use_remove_padding, anchor=True).to(
+                self.device
+            )
+            outputs, anchor = self._forward(inputs, len(micro), anchor=True)
+            loss, metrics = loss_fn(outputs, micro.to(self.device))
+            # Dummy micro-batches and the anchor only keep every rank's collectives in step.
+            weight = 0.0 if part.dummy else 1.0
+            (loss * weight + 0.0 * anchor).backward()
+            if not part.dummy:
+                loss_sum += float(loss.detach())
+                for key, value in metrics.items():
+                    sums[key] += float(value)
+                    counts[key] += 1
+
+        params = [p for p in self.module.parameters() if p.requires_grad]
+        max_norm = self.spec.grad_clip if self.spec.grad_clip > 0 else math.inf
+        grad_norm = torch.nn.utils.clip_grad_norm_(params, max_norm)
+        grad_norm = float(grad_norm.full_tensor() if isinstance(grad_norm, DTensor) else grad_norm)
+        lr = self.spec.lr * lr_factor(
+            self.step,
+            self.spec.lr_schedule,
+            self.spec.warmup_steps,
+            self.spec.total_steps,
+            self.spec.min_lr_ratio,
+        )
+        if math.isfinite(grad_norm):  # a non-finite gradient skips the update instead of ruining the weights
+            for group in self.optimizer.param_groups:
+                group["lr"] = lr
+            self.optimizer.step()
+            self.step += 1
+        self.optimizer.zero_grad(set_to_none=True)
+        return {**self._reduce_metrics(loss_sum, sums, counts), "grad_norm": grad_norm, "lr": lr}
+
+    def infer(self, batch: Batch, outputs: Sequence[str] = ("log_probs",)) -> Batch:
+        """See :meth:`rlcore.api.TrainEngine.infer`; results are CPU tensors, zero at padding."""
+        if isinstance(outputs, str):
+            outputs = [outputs]
+        allowed = HEAD_OUTPUTS[self.spec.head]
+        unknown = [o for o in outputs if o not in allowed]
+        if unknown:
+            raise ValueError(
+                f"infer outputs {unknown} are not available with head {self.spec.head!r}; allowed: {list(allowed)}"
+            )
+        self._check_resident("infer", ("weights",))
+        self.module.eval()
+        result: dict[str, torch.Tensor] = {}
+        with torch.no_grad():
+            for part in self._micro_batches(batch):
+                micro = batch.index(list(part.rows))
+                inputs = build_inputs(micro, self.spec.head, self.config.use_remove_padding).to(self.device)
+                placed, _ = self._forward(inputs, len(micro), anchor=False)
+                if part.dummy:
+                    continue
+                rows = torch.tensor(part.rows)
+                for key in outputs:
+                    value = placed[key].cpu()
+                    if key not in result:
+                        result[key] = value.new_zeros((len(batch), *value.shape[1:]))
+                    result[key][rows] = value
+        return Batch(result)
+
+    def export_weights(self, dtype: torch.dtype, bucket_bytes: int) -> Iterator[WeightBucket]:
+        """Full weights in HF names and ``dtype`` (on the engine's device), ``lm_head.weight`` included
+        even when tied (vLLM-CPU keeps its own copy). Gathered one tensor at a time as the iterator is
+        consumed: every rank must consume it to the end."""
+        self._check_resident("export_weights", ("weights",))
+        return bucketize(self._full_tensors(dtype, with_tied=True), bucket_bytes)
+
+    def release(self, tags: Sequence[str]) -> None:
+        """Move ``"weights"`` / ``"optimizer"`` state to CPU memory and drop ``"grads"`` (which hold
+        nothing between steps). With ``fsdp.cpu_offload`` that state already lives on the CPU."""
+        tags = self._check_tags(tags)
+        if "grads" in tags and self.optimizer is not None:
+            self.optimizer.zero_grad(set_to_none=True)
+        moving = [t for t in tags if t != "grads" and t not in self._released]
+        if not self.config.cpu_offload:
+            self._move(moving, torch.device("cpu"))
+        self._released.update(moving)
+        self.platform.empty_cache()
+
+    def resume(self, tags: Sequence[str]) -> None:
+        """Bring state :meth:`release` moved back to the device."""
+        tags = self._check_tags(tags)
+        moving = [t for t in tags if t in self._released]
+        if not self.config.cpu_offload:
+            self._move(moving, self.device)
+        self._released.difference_update(moving)
+
+    def save_checkpoint(self, path: str) -> None:
+        """Sharded model + optimizer state and the step (which fixes the LR schedule) under ``path``,
+        written atomically (``path.tmp`` renamed when complete). Collective."""
+        self._check_resident("save_checkpoint", ("weights", "optimizer"))
+        state = self._checkpoint_state()
+        meta = {
+            "step": self.step,
+            "world_size": self.dist.world_size,
+            "head": self.spec.head,
+            "model_path": self.spec.model_path,
+        }
+        save_sharded(state, path, meta)
+
+    def load_checkpoint(self, path: str) -> None:
+        """Restore what :meth:`save_checkpoint` wrote (any world size: DCP re-shards). Collective."""
+        self._check_resident("load_checkpoint", ("weights", "optimizer"))
+        state = self._checkpoint_state()
+        load_sharded(state, path)
+        if self.optimizer is not None:
+            set_state_dict(
+                self.module, self.optimizer, model_state_dict=state["model"], optim_state_dict=state["optim"]
+            )
+        else:
+            set_state_dict(self.module, (), model_state_dict=state["model"], optim_state_dict={})
+        self.step = int(state["trainer"]["step"])
+        if self.step == 0 and self.optimizer is not None:
+            # Reading optimizer state initialises it with a zero-lr step; before the first real step
+            # the optimizer must stay empty, as in an engine that never saved or loaded.
+            self.optimizer.state.clear()
+
+    def export_hf(self, path: str) -> None:
+        """An HF model folder (config, safetensors in ``EngineSpec.dtype``, tokenizer files from the model
+        folder) that transformers and vLLM load; tied weights are written once, as HF does. Collective."""
+        self._check_resident("export_hf", ("weights",))
+        tensors = {}
+        for name, tensor in self._full_tensors(self.param_dtype, with_tied=False):
+            if dist.get_rank() == 0:
+                tensors[name] = tensor.cpu()
+        hf = self.module.hf
+        config = hf.config.__class__.from_dict(hf.config.to_dict())
+        config.architectures = [type(hf).__name__]
+        config.dtype = self.param_dtype
+        write_atomically(
+            path,
+            lambda folder: write_hf_folder(folder, tensors, config, self.spec.model_path),
+            rank0_only=True,
+        )
+
+    def close(self) -> None:
+        """Destroy the process group if this engine created it (call once, when the worker ends)."""
+        if self._owns_process_group and dist.is_initialized():
+            dist.destroy_process_group()
+        self._owns_process_group = False
+
+    # -- internals ---------------------------------------------------------------------------------
+    def _forward(
+        self, inputs: ModelInputs, rows: int, anchor: bool
+    ) -> tuple[dict[str, torch.Tensor], torch.Tensor]:
+        """Run the model on one micro-batch; place the ``M`` flat results as ``[b, R]`` (or ``[b]``)."""
+        flat = self.module(
+            **inputs.model_kwargs(),
+            temperature=self.spec.temperature,
+            chunk_size=self.config.logits_chunk_size,
+        )
+        anchor_term = torch.zeros((), device=self.device)
+        if anchor:
+            anchor_term = sum(v[-1] for v in flat.values())
+            flat = {k: v[:-1] for k, v in flat.items()}
+        if self.spec.head == "score":
+            return {"scores": flat["values"]}, anchor_term
+        valid = inputs.response_valid
+        placed = {
+            k: torch.zeros(valid.shape, dtype=v.dtype, device=v.device).masked_scatter(valid, v)
+            for k, v in flat.items()
+        }
+        return placed, anchor_term
+
+    def _micro_batches(self, batch: Batch):
+        parts = plan_micro_batches(
+            token_costs(batch, self.config.use_remove_padding),
+            self.spec.micro_batch_size,
+            self.spec.max_tokens_per_micro_batch,
+        )
+        count = torch.tensor([len(parts)], device=self.device)
+        dist.all_reduce(count, op=dist.ReduceOp.MAX)
+        return equalize(parts, int(count))
+
+    def _reduce_metrics(self, loss_sum: float, sums: dict, counts: dict) -> dict[str, float]:
+        gathered = [(loss_sum, dict(sums), dict(counts))]
+        if self.dist.world_size > 1:
+            gathered = [None] * self.dist.world_size
+            dist.all_gather_object(gathered, (loss_sum, dict(sums), dict(counts)))
+        out = {"loss": sum(g[0] for g in gathered)}
+        for key in sorted({k for g in gathered for k in g[1]}):
+            n = sum(g[2].get(key, 0) for g in gathered)
+            out[key] = sum(g[1].get(key, 0.0) for g in gathered) / max(n, 1)
+        return out
+
+    def _full_tensors(self, dtype: torch.dtype, with_tied: bool) -> Iterator[tuple[str, torch.Tensor]]:
+        """``(hf_name, full tensor)`` one at a time (an all-gather each), floating tensors cast to ``dtype``."""
+        self._reshard()
+        state = self.module.hf.state_dict()
+        wanted_later = set(self._tied.values()) if with_tied else set()
+        kept: dict[str, torch.Tensor] = {}
+        for name, tensor in state.items():
+            if name in self._tied:
+                if with_tied:
+                    yield name, kept.pop(self._tied[name])
+                continue
+            if isinstance(tensor, DTensor):
+                tensor = tensor.to(self.device).full_tensor()  # offloaded shards gather on the device
+            tensor = tensor.detach()
+            if tensor.is_floating_point():
+                tensor = tensor.to(dtype)
+            if name in wanted_later:
+                kept[name] = tensor
+            yield name, tensor
+        for name, source in self._tied.items():  # tied names the state dict left out
+            if with_tied and name not in state:
+                yield name, kept.pop(source)
+
+    def _checkpoint_state(self) -> dict:
+        self._reshard()
+        if self.optimizer is not None:
+            model_state, optim_state = get_state_dict(self.module, self.optimizer)
+        else:
+            model_state, optim_state = get_model_state_dict(self.module), {}
+        return {"model": model_state, "optim": optim_state, "trainer": {"step": torch.tensor(self.step)}}
+
+    def _check_packing(self) -> None:
+        """Refuse packing unless the loaded model keeps packed sequences apart.
+
+        Packs ``[a, b]`` and ``[a', b]`` (``a'`` other tokens, same length) and compares the results for
+        ``b``: with correct packing ``b`` never sees ``a``/``a'`` and the two agree (same shapes, so bit
+        for bit); a backend that ignores the ``position_ids`` resets lets ``b`` attend across the pack.
+        """
+        vocab = self.module.hf.config.get_text_config().vocab_size
+        n_a, n_b = 6, 5
+        b_ids = [(7 * i + 3) % vocab for i in range(n_b)]
+        position_ids = torch.cat([torch.arange(n_a), torch.arange(n_b)])[None].to(self.device)
+        index = torch.arange(n_a, n_a + n_b, device=self.device)
+        targets = torch.tensor(b_ids[1:] + b_ids[:1], device=self.device)
+        results = []
+        self.module.eval()
+        with torch.no_grad():
+            for offset in (1, 2):
+                a_ids = [(11 * i + offset) % vocab for i in range(n_a)]
+                ids = torch.tensor(a_ids + b_ids, device=self.device)[None]
+                out = self.module(
+                    ids,
+                    position_ids,
+                    None,
+                    index,
+                    targets,
+                    self.spec.temperature,
+                    self.config.logits_chunk_size,
+                )
+                results.append(next(iter(out.values())).float())
+        diff = float((results[0] - results[1]).abs().max())
+        if not diff <= 1e-3 * (1.0 + float(results[0].abs().max())):
+            raise RuntimeError(
+                f"fsdp.use_remove_padding: {type(self.module.hf).__name__} with attn_implementation="
+                f"{self.config.attn_implementation!r} lets packed sequences attend to each other (a probe "
+                f"differed by {diff:.3g}); this model/transformers version does not support packing from "
+                "position_ids. Set fsdp.use_remove_padding=false."
+            )
+
+    def _check_tags(self, tags: Sequence[str]) -> list[str]:
+        tags = [tags] if isinstance(tags, str) else list(tags)
+        unknown = [t for t in tags if t not in RELEASE_TAGS]
+        if unknown:
+            raise ValueError(
+                f"FSDP engine: unknown release/resume tag(s) {unknown}; allowed: {list(RELEASE_TAGS)}"
+            )
+        return tags
+
+    def _check_resident(self, what: str, needed: Sequence[str]) -> None:
+        away = [t for t in needed if t in self._released and (t != "optimizer" or self.optimizer is not None)]
+        if away:
+            raise RuntimeError(
+                f"{what} needs {away} on the device, but they were released; call resume({away}) first"
+            )
+
+    def _reshard(self) -> None:
+        """Free gathered parameters (the root keeps its own gathered after a forward) so every
+        parameter is a shard again: state dicts, moves and exports then see one layout."""
+        for sub in self.module.modules():
+            if isinstance(sub, FSDPModule):
+                sub.reshard()
+
+    def _move(self, tags: Sequence[str], device: torch.device) -> None:
+        self._reshard()
+        if "weights" in tags:
+            self.module.to(device)
+        if "optimizer" in tags and self.optimizer is not None:
+            for state in self.optimizer.state.values():
+                for key, value in state.items():
+                    if isinstance(value, torch.Tensor) and key != "step":
+                        state[key] = value.to(device, non_blocking=True)
+            self.platform.synchronize()

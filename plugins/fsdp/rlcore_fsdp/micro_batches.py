@@ -1,0 +1,189 @@
+"""Splitting a rank's batch into micro-batches, and turning a micro-batch into model inputs.
+
+Every FSDP forward and backward is collective, so all data-parallel ranks must run the same number of
+micro-batches even when their shards differ in size or length. :func:`plan_micro_batches` splits one
+rank's rows (fixed size or by token budget); :func:`equalize` then brings every rank to the common
+count by splitting its largest micro-batches, or, when a rank has too few rows, by adding dummy
+micro-batches whose loss is multiplied by zero.
+
+:func:`build_inputs` lays a micro-batch out for :class:`rlcore_fsdp.model.HeadedModel`, padded
+(``[b, T]`` plus the attention mask) or packed (the ``N`` real tokens in one row, ``position_ids``
+restarting at 0 per sequence, no mask), and lists the flat positions whose hidden states the head reads.
+"""
+
+from __future__ import annotations
+
+import attrs
+import torch
+from rlcore.api import Batch
+
+
+@attrs.frozen
+class MicroBatch:
+    """Rows of the rank's batch; ``dummy``: run only to keep collectives in step, contributes nothing."""
+
+    rows: tuple[int, ...]
+    dummy: bool = False
+
+
+def plan_micro_batches(costs: list[int], micro_batch_size: int, max_tokens: int | None) -> list[list[int]]:
+    """Group row numbers ``0..len(costs)-1`` into micro-batches.
+
+    ``costs[i]`` is what row ``i`` adds to a micro-batch's token count. With ``max_tokens`` the rows go
+    longest first into the first micro-batch with room (first-fit decreasing); otherwise consecutive
+    groups of ``micro_batch_size`` rows.
+    """
+    if micro_batch_size < 1:
+        raise ValueError(f"EngineSpec.micro_batch_size must be >= 1, got {micro_batch_size}")
+    if max_tokens is None:
+        n = len(costs)
+        return [list(range(i, min(i + micro_batch_size, n))) for i in range(0, n, micro_batch_size)]
+    too_long = [i for i, c in enumerate(costs) if c > max_tokens]
+    if too_long:
+        i = too_long[0]
+        raise ValueError(
+            f"row {i} needs {costs[i]} tokens, more than EngineSpec.max_tokens_per_micro_batch={max_tokens}; "
+            "raise it to at least the longest prompt + response (a sequence cannot be split)"
+        )
+    bins: list[list[int]] = []
+    loads: list[int] = []
+    for i in sorted(range(len(costs)), key=lambda i: (-costs[i], i)):
+        for b, load in enumerate(loads):
+            if load + costs[i] <= max_tokens:
+                bins[b].append(i)
+                loads[b] += costs[i]
+                break
+        else:
+            bins.append([i])
+            loads.append(costs[i])
+    return [sorted(b) for b in bins]
+
+
+def equalize(parts: list[list[int]], count: int) -> list[MicroBatch]:
+    """Exactly ``count >= len(parts)`` micro-batches: split the largest ones in halves while a part has
+    two rows or more, then pad with dummy micro-batches (row 0 again)."""
+    if not parts:
+        raise ValueError(
+            "a rank received an empty batch; dispatch at least one row to every data-parallel rank"
+        )
+    parts = [list(p) for p in parts]
+    while len(parts) < count:
+        largest = max(range(len(parts)), key=lambda k: len(parts[k]))
+        if len(parts[largest]) < 2:
+            break
+        rows = parts.pop(largest)
+        half = len(rows) // 2
+        parts[largest:largest] = [rows[:half], rows[half:]]
+    out = [MicroBatch(tuple(p)) for p in parts]
+    out += [MicroBatch((0,), dummy=True)] * (count - len(out))
+    return out
+
+
+@attrs.frozen
+class ModelInputs:
+    """One micro-batch laid out for the model.
+
+    ``input_ids``/``position_ids [b, T]`` with ``attention_mask [b, T]``, or ``[1, N]`` packed with
+    ``attention_mask`` None; ``index [M]`` flat positions whose hidden states the head reads and
+    ``targets [M]`` the tokens they predict; ``response_valid [b, R]`` where the ``M`` per-token results
+    go (None for the score head, whose ``M = b`` results are one per row).
+    """
+
+    input_ids: torch.Tensor
+    position_ids: torch.Tensor
+    attention_mask: torch.Tensor | None
+    index: torch.Tensor
+    targets: torch.Tensor
+    response_valid: torch.Tensor | None
+
+    def to(self, device: torch.device) -> ModelInputs:
+        return ModelInputs(*(None if t is None else t.to(device) for t in attrs.astuple(self, recurse=False)))
+
+    def model_kwargs(self) -> dict[str, torch.Tensor | None]:
+        return {
+            "input_ids": self.input_ids,
+            "position_ids": self.position_ids,
+            "attention_mask": self.attention_mask,
+            "index": self.index,
+            "targets": self.targets,
+        }
+
+
+def _field(batch: Batch, key: str) -> torch.Tensor:
+    if key not in batch.tensors:
+        raise KeyError(f"the FSDP engine needs batch tensor {key!r}; the batch has {sorted(batch.tensors)}")
+    return batch.tensors[key]
+
+
+def token_costs(batch: Batch, packed: bool) -> list[int]:
+    """Tokens each row adds to a micro-batch: its real tokens when packed, the padded width otherwise."""
+    mask = _field(batch, "attention_mask")
+    if packed:
+        return mask.sum(-1).tolist()
+    return [mask.shape[1]] * mask.shape[0]
+
+
+def build_inputs(batch: Batch, head: str, packed: bool, anchor: bool = False) -> ModelInputs:
+    """Model inputs for ``batch``. Prompts are left-padded and responses right-padded (``R`` =
+    ``responses.shape[1]``); the hidden state at position ``P-1+j`` predicts (and values) response token
+    ``j``. The score head reads each row's last real token.
+
+    ``anchor`` appends one more position (the first real token) whose result the engine adds to the loss
+    times zero, so every parameter takes part in every backward whatever the loss function reads.
+    """
+    input_ids = _field(batch, "input_ids")
+    mask = _field(batch, "attention_mask").bool()
+    position_ids = _field(batch, "position_ids")
+    b, T = input_ids.shape
+    if not bool(mask.any(-1).all()):
+        row = int((~mask.any(-1)).nonzero()[0])
+        raise ValueError(f"row {row} of the batch has no real token (attention_mask is all zero)")
+    flat_index = torch.arange(b * T).view(b, T)
+
+    response_valid = None
+    if head == "score":
+        last = (mask.long() * torch.arange(T)).argmax(-1)  # [b] last real token per row
+        index = flat_index[torch.arange(b), last]
+        targets = input_ids[torch.arange(b), last]
+    else:
+        R = _field(batch, "responses").shape[1]
+        P = T - R
+        if P < 1:
+            raise ValueError(f"input_ids [{b}, {T}] leave no prompt before responses [{b}, {R}]")
+        response_valid = mask[:, P:]
+        rows, cols = response_valid.nonzero(as_tuple=True)
+        before = mask[rows, P - 1 + cols]
+        if not bool(before.all()):
+            k = int((~before).nonzero()[0])
+            raise ValueError(
+                f"row {int(rows[k])}: response token {int(cols[k])} follows a padding position; prompts must "
+                "be left-padded and responses right-padded, with at least one prompt token"
+            )
+        index = flat_index[rows, P - 1 + cols]
+        targets = input_ids[rows, P + cols]
+    if anchor:
+        first = int(mask.reshape(-1).nonzero()[0])
+        index = torch.cat([index, torch.tensor([first])])
+        targets = torch.cat([targets, input_ids.reshape(-1)[first : first + 1]])
+
+    if not packed:
+        return ModelInputs(input_ids, position_ids, mask.long(), index, targets, response_valid)
+
+    expected = mask.long().cumsum(-1) - 1
+    bad = (position_ids != expected) & mask
+    if bool(bad.any()):
+        row = int(bad.any(-1).nonzero()[0])
+        raise ValueError(
+            f"fsdp.use_remove_padding needs position_ids counting 0, 1, 2, ... over each row's real tokens "
+            f"(row {row} has {position_ids[row][mask[row]].tolist()}); packing marks sequence starts by the reset to 0"
+        )
+    keep = mask.reshape(-1)
+    packed_pos = keep.long().cumsum(0) - 1  # flat padded position -> packed position
+    return ModelInputs(
+        input_ids.reshape(-1)[keep].unsqueeze(0),
+        position_ids.reshape(-1)[keep].unsqueeze(0),
+        None,
+        packed_pos[index],
+        targets,
+        response_valid,
+    )

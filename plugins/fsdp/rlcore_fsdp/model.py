@@ -1,0 +1,186 @@
+"""The Hugging Face model behind an engine, and what each head reads from its hidden states.
+
+:class:`HeadedModel` is the root module FSDP shards. Its forward runs the HF backbone on one
+micro-batch (padded ``[b, T]`` or packed ``[1, N]``), picks the ``M`` hidden states the caller asks for
+(flat indices into the ``b*T`` or ``N`` token positions) and applies the role's head to those only:
+
+- ``"lm"``: log-probs of ``targets`` under ``softmax(logits / temperature)`` and the entropy of that
+  distribution, computed in chunks of tokens so full-vocabulary fp32 logits never exist for the batch;
+- ``"value"`` / ``"score"``: the scalar of a one-output linear head (``values``).
+
+Running the head inside the root's forward matters: FSDP gathers the root's parameters (embeddings,
+final norm, output layer) around the root's forward and backward, not around a direct call to a
+submodule.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import torch
+import torch.nn as nn
+from torch.utils.checkpoint import checkpoint
+
+#: Hugging Face auto class per head. Value models load as token classifiers and reward models as
+#: sequence classifiers with one label, so ``export_hf`` writes folders those classes load again.
+HEAD_CLASSES = {
+    "lm": "AutoModelForCausalLM",
+    "value": "AutoModelForTokenClassification",
+    "score": "AutoModelForSequenceClassification",
+}
+
+# RL needs the training forward to compute the same function as the log-prob forward (ratios of the
+# two are the importance weights), so every dropout the config knows is switched off.
+_DROPOUT_KEYS = (
+    "attention_dropout",
+    "hidden_dropout",
+    "classifier_dropout",
+    "dropout",
+    "resid_pdrop",
+    "embd_pdrop",
+    "attn_pdrop",
+    "hidden_dropout_prob",
+    "attention_probs_dropout_prob",
+)
+
+# Config fields by which some architectures change the logits after the output layer; the chunked
+# head applies the output layer alone, so such models would get wrong log-probs.
+_LOGIT_TRANSFORMS = ("final_logit_softcapping", "logit_scale", "output_multiplier_scale", "logits_scaling")
+
+
+def torch_dtype(name: str, key: str = "dtype") -> torch.dtype:
+    """``"float32"`` -> ``torch.float32``; a clear error naming ``key`` otherwise."""
+    allowed = ("float32", "bfloat16", "float16", "float64")
+    if name not in allowed:
+        raise ValueError(f"{key} must be one of {allowed}, got {name!r}")
+    return getattr(torch, name)
+
+
+def load_hf_model(model_path: str, head: str, dtype: torch.dtype, attn_implementation: str, seed: int):
+    """Load the HF model for ``head`` from a local folder (on the CPU, dropout off).
+
+    A value or score head missing from the checkpoint (a causal LM folder) is initialised from ``seed``,
+    so every rank starts from the same head.
+    """
+    import transformers
+
+    if head not in HEAD_CLASSES:
+        raise ValueError(f"EngineSpec.head must be one of {sorted(HEAD_CLASSES)}, got {head!r}")
+    path = Path(model_path)
+    if not (path / "config.json").is_file():
+        raise FileNotFoundError(
+            f"EngineSpec.model_path {str(path)!r} has no config.json; point it to a local Hugging Face "
+            "model folder (the engine does not download)"
+        )
+    config = transformers.AutoConfig.from_pretrained(path)
+    for key in _DROPOUT_KEYS:
+        if isinstance(getattr(config, key, None), float):
+            setattr(config, key, 0.0)
+    if head == "lm":
+        for key in _LOGIT_TRANSFORMS:
+            value = getattr(config, key, None)
+            if value not in (None, 1, 1.0):
+                raise ValueError(
+                    f"model {str(path)!r} transforms its logits ({key}={value}); the FSDP engine's chunked "
+                    "log-prob head applies only the output layer, so it does not support this architecture"
+                )
+    else:
+        config.num_labels = 1
+        config.classifier_dropout = 0.0
+    torch.manual_seed(seed)
+    cls = getattr(transformers, HEAD_CLASSES[head])
+    model = cls.from_pretrained(path, config=config, dtype=dtype, attn_implementation=attn_implementation)
+    model.config.use_cache = False
+    if head != "lm" and not isinstance(getattr(model, "score", None), nn.Linear):
+        raise ValueError(
+            f"{type(model).__name__} (from {str(path)!r}) has no `score` linear layer; the value and score "
+            "heads need an architecture whose HF token/sequence classifier uses one (Llama, Qwen2, Mistral...)"
+        )
+    return model
+
+
+def decoder_layers(model: nn.Module) -> list[nn.Module]:
+    """The model's transformer blocks (the classes HF lists in ``_no_split_modules``), in order."""
+    names = set(getattr(model, "_no_split_modules", None) or ())
+    layers = [m for m in model.modules() if type(m).__name__ in names]
+    if not layers:
+        raise ValueError(
+            f"cannot find the decoder layers of {type(model).__name__}: its `_no_split_modules` "
+            f"({sorted(names)}) names no submodule class; FSDP needs them to shard layer by layer"
+        )
+    return layers
+
+
+def _chunk_log_probs(
+    hidden: torch.Tensor, targets: torch.Tensor, out_layer: nn.Module, temperature: float
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """``hidden [c, H]``, ``targets [c]`` -> log-probs ``[c]`` and entropy ``[c]``, at least fp32."""
+    logits = out_layer(hidden)
+    logits = logits.to(torch.promote_types(logits.dtype, torch.float32)) / temperature  # [c, V]
+    log_z = torch.logsumexp(logits, dim=-1)
+    log_probs = logits.gather(-1, targets.unsqueeze(-1)).squeeze(-1) - log_z
+    # H = -sum p log p = log Z - sum p z
+    entropy = log_z - (torch.softmax(logits, dim=-1) * logits).sum(-1)
+    return log_probs, entropy
+
+
+def chunked_log_probs(
+    hidden: torch.Tensor, targets: torch.Tensor, out_layer: nn.Module, temperature: float, chunk_size: int
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Log-probs and entropy ``[M]`` for ``hidden [M, H]`` and ``targets [M]``, ``chunk_size`` tokens at a time.
+
+    With autograd on, each chunk is checkpointed: only its hidden states are kept and its logits are
+    recomputed in the backward, so training memory holds one chunk's ``[chunk, V]`` logits, not ``M``'s.
+    """
+    if hidden.shape[0] == 0:
+        empty = hidden.new_zeros(0, dtype=torch.promote_types(hidden.dtype, torch.float32))
+        return empty, empty
+    parts = []
+    for start in range(0, hidden.shape[0], chunk_size):
+        h, t = hidden[start : start + chunk_size], targets[start : start + chunk_size]
+        if torch.is_grad_enabled() and h.requires_grad:
+            parts.append(checkpoint(_chunk_log_probs, h, t, out_layer, temperature, use_reentrant=False))
+        else:
+            parts.append(_chunk_log_probs(h, t, out_layer, temperature))
+    return torch.cat([p[0] for p in parts]), torch.cat([p[1] for p in parts])
+
+
+class HeadedModel(nn.Module):
+    """An HF model plus the reading of its head at chosen token positions (the FSDP root module)."""
+
+    def __init__(self, hf_model: nn.Module, head: str):
+        super().__init__()
+        self.hf = hf_model
+        self.head = head
+
+    def backbone(self) -> nn.Module:
+        return getattr(self.hf, self.hf.base_model_prefix)
+
+    def forward(
+        self,
+        input_ids: torch.Tensor,
+        position_ids: torch.Tensor,
+        attention_mask: torch.Tensor | None,
+        index: torch.Tensor,
+        targets: torch.Tensor | None = None,
+        temperature: float = 1.0,
+        chunk_size: int = 1024,
+    ) -> dict[str, torch.Tensor]:
+        """``input_ids``/``position_ids [b, T]`` (``attention_mask [b, T]`` or None when packed into
+        ``b = 1``), ``index [M]`` flat positions into ``b*T``, ``targets [M]`` (lm head).
+
+        Returns ``{"log_probs": [M], "entropy": [M]}`` (lm) or ``{"values": [M]}`` (value, score) in
+        fp32, or fp64 for a float64 model.
+        """
+        out = self.backbone()(
+            input_ids=input_ids, attention_mask=attention_mask, position_ids=position_ids, use_cache=False
+        )
+        hidden = out.last_hidden_state
+        hidden = hidden.reshape(-1, hidden.shape[-1]).index_select(0, index)  # [M, H]
+        if self.head == "lm":
+            log_probs, entropy = chunked_log_probs(
+                hidden, targets, self.hf.get_output_embeddings(), temperature, chunk_size
+            )
+            return {"log_probs": log_probs, "entropy": entropy}
+        values = self.hf.score(hidden).squeeze(-1)
+        return {"values": values.to(torch.promote_types(values.dtype, torch.float32))}
