@@ -1,0 +1,216 @@
+"""The phases an algorithm's step is made of, each one function over the :class:`StepContext`.
+
+Every phase takes the step's batch, adds fields, and returns it; it times itself as
+``timing/<phase>``, puts the roles' memory in the state it needs (:class:`MemoryPlan`), and records its
+metrics in ``ctx.metrics``. The batch layout is the standard one (:mod:`rlcore.api.batch`).
+
+=======================  ==========================================  ===================================
+phase                    adds                                        roles
+=======================  ==========================================  ===================================
+``generate``             ``prompts, responses, input_ids,            rollout
+                         attention_mask, position_ids,
+                         response_mask, rollout_log_probs [B*n, .]``,
+                         objects ``uid, response_text`` + prompt's
+``score``                ``token_level_scores [B, R]``               reward provider (driver)
+``compute_old_log_probs`` ``old_log_probs [B, R]``                   actor
+``compute_ref_log_probs`` ``ref_log_prob [B, R]``                    reference
+``compute_values``       ``values [B, R]``                           critic
+``compute_advantages``   ``token_level_rewards, advantages,          (driver)
+                         returns [B, R]``
+``update_critic``        -                                           critic
+``update_actor``         -                                           actor
+``sync_weights``         -                                           actor -> rollout
+=======================  ==========================================  ===================================
+"""
+
+from __future__ import annotations
+
+import torch
+
+from rlcore.algorithms import compute_advantage
+from rlcore.algorithms.kl import apply_kl_penalty
+from rlcore.api import Batch
+from rlcore.controller.flows.context import StepContext
+from rlcore.controller.metrics import prefixed
+from rlcore.rollout.batching import completions_to_batch
+from rlcore.rollout.sync_check import compare_log_probs
+
+#: Prompt fields replaced by the generated batch's own (prompt + response layout).
+_PROMPT_TENSORS = ("prompts", "prompt_mask", "attention_mask")
+#: Tokens the post-sync check generates per probe prompt.
+PROBE_TOKENS = 16
+
+
+def prompt_token_ids(prompts: Batch) -> list[list[int]]:
+    """Each row's prompt without its left padding (``prompts``/``prompt_mask [B, P]``)."""
+    ids, mask = prompts["prompts"], prompts["prompt_mask"].bool()
+    return [ids[i][mask[i]].tolist() for i in range(len(prompts))]
+
+
+def generate(
+    ctx: StepContext,
+    prompts: Batch,
+    *,
+    n: int | None = None,
+    temperature: float | None = None,
+    phase: str = "generate",
+) -> Batch:
+    """Sample ``n`` (default ``rollout.n``) responses per prompt: ``B * n`` rows, prompt-major.
+
+    Rows of one prompt share its ``uid`` (assigned here unless the prompts carry one) and its objects
+    (``data_source``, ``ground_truth``, ``extra_info``, ``index`` ...).
+    """
+    params = ctx.sampling_params(n=n, temperature=temperature)
+    if "uid" not in prompts.objects:
+        prompts.objects["uid"] = ctx.new_uids(len(prompts))
+    with ctx.phase(phase):
+        ctx.memory.use("generate")
+        completions = ctx.rollout.generate(prompt_token_ids(prompts), params)
+    batch = completions_to_batch(completions, ctx.pad_token_id)
+    texts = batch.objects["response_text"]
+    flat = [c for group in completions for c in group]
+    for i, c in enumerate(flat):
+        if not texts[i] and c.token_ids:  # an engine without a tokenizer returns token ids only
+            texts[i] = ctx.tokenizer.decode(c.token_ids, skip_special_tokens=True)
+    expanded = prompts.repeat(params.n, interleave=True)
+    for key, values in expanded.objects.items():
+        batch.objects.setdefault(key, values)
+    for key, values in expanded.tensors.items():
+        if key not in _PROMPT_TENSORS:
+            batch.tensors.setdefault(key, values)
+    return batch
+
+
+def score(ctx: StepContext, batch: Batch, *, phase: str = "score") -> Batch:
+    """``token_level_scores [B, R]`` from the reward provider, plus its per-sample ``reward_extra_info``
+    and metrics (``reward/errors`` ...)."""
+    with ctx.phase(phase):
+        scored = ctx.reward.score(batch)
+    batch.tensors["token_level_scores"] = scored["token_level_scores"].to(torch.float32)
+    if "reward_extra_info" in scored.objects:
+        batch.objects["reward_extra_info"] = scored.objects["reward_extra_info"]
+    ctx.record(scored.meta.get("metrics", {}))
+    return batch
+
+
+def compute_old_log_probs(ctx: StepContext, batch: Batch) -> Batch:
+    """``old_log_probs [B, R]``: the actor's log-probs of the sampled tokens before this step's update.
+
+    Also records how far the rollout's own log-probs are from them (``rollout/logprob_diff_*``): the
+    same quantity the post-sync check measures, over the whole batch and for free.
+    """
+    with ctx.phase("old_log_probs"):
+        ctx.memory.use("train")
+        out = ctx.actor.infer(batch, ("log_probs",))
+    batch.tensors["old_log_probs"] = out["log_probs"]
+    if "rollout_log_probs" in batch and bool(batch["response_mask"].any()):
+        diff = compare_log_probs(batch["rollout_log_probs"], out["log_probs"], batch["response_mask"])
+        ctx.record({k.replace("sync/", "rollout/"): v for k, v in diff.items()})
+    return batch
+
+
+def compute_ref_log_probs(ctx: StepContext, batch: Batch) -> Batch:
+    """``ref_log_prob [B, R]`` from the frozen reference policy."""
+    with ctx.phase("ref_log_probs"):
+        ctx.memory.use("train")
+        out = ctx.reference.infer(batch, ("log_probs",))
+    batch.tensors["ref_log_prob"] = out["log_probs"]
+    return batch
+
+
+def compute_values(ctx: StepContext, batch: Batch) -> Batch:
+    """``values [B, R]`` from the critic, before its update (the GAE baseline and the clip centre)."""
+    with ctx.phase("values"):
+        ctx.memory.use("train")
+        out = ctx.critic.infer(batch, ("values",))
+    batch.tensors["values"] = out["values"]
+    return batch
+
+
+def compute_advantages(ctx: StepContext, batch: Batch) -> Batch:
+    """``token_level_rewards`` (scores minus the KL penalty when the preset puts KL in the reward),
+    then ``advantages``/``returns`` from the preset's estimator. ``reward_baselines [B]`` (ReMax) and
+    ``values`` (GAE) are passed when the batch has them."""
+    preset = ctx.preset
+    with ctx.phase("advantages"):
+        rewards = batch["token_level_scores"]
+        if preset.use_kl_in_reward:
+            rewards, kl_metrics = apply_kl_penalty(
+                rewards,
+                batch["old_log_probs"],
+                batch["ref_log_prob"],
+                batch["response_mask"],
+                ctx.kl_ctrl,
+                preset.kl_penalty,
+            )
+            ctx.record(kl_metrics)
+        batch.tensors["token_level_rewards"] = rewards
+        advantages, returns = compute_advantage(
+            preset.adv_estimator,
+            token_level_rewards=rewards,
+            response_mask=batch["response_mask"],
+            index=batch.get("uid"),
+            values=batch.get("values"),
+            reward_baselines=batch.get("reward_baselines"),
+            gamma=preset.gamma,
+            lam=preset.lam,
+            norm_adv_by_std_in_grpo=preset.norm_adv_by_std_in_grpo,
+        )
+    batch.tensors["advantages"], batch.tensors["returns"] = advantages, returns
+    return batch
+
+
+def _train(ctx: StepContext, role, batch: Batch, loss, epochs: int, phase: str) -> dict[str, float]:
+    mini = ctx.config.actor.ppo_mini_batch_size
+    # ppo_mini_batch_size counts prompts; every prompt carries rollout.n responses.
+    size = None if mini is None else mini * ctx.config.rollout.n
+    with ctx.phase(phase):
+        ctx.memory.use("train")
+        metrics = role.train(
+            batch, loss, mini_batch_size=size, epochs=epochs, shuffle_seed=ctx.sampling_seed(stream=7)
+        )
+    metrics = prefixed(role.name, metrics)
+    ctx.record(metrics)
+    return metrics
+
+
+def update_critic(ctx: StepContext, batch: Batch, loss) -> dict[str, float]:
+    """``critic.ppo_epochs`` passes of the value loss over the batch."""
+    return _train(ctx, ctx.critic, batch, loss, ctx.config.critic.ppo_epochs, "update_critic")
+
+
+def update_actor(ctx: StepContext, batch: Batch, loss) -> dict[str, float]:
+    """``actor.ppo_epochs`` passes of the policy loss over the batch."""
+    return _train(ctx, ctx.actor, batch, loss, ctx.config.actor.ppo_epochs, "update_actor")
+
+
+def sync_weights(ctx: StepContext) -> dict[str, float]:
+    """Push the actor's weights to every rollout engine, then run the post-sync check: the rollout
+    generates from the probe prompts and the actor scores the same tokens; ``sync/logprob_diff_mean``
+    above ``transport.max_logprob_diff`` stops the run (:class:`~rlcore.rollout.sync_check.WeightSyncMismatch`)."""
+    from rlcore.controller.roles import sync_weights as push
+
+    with ctx.phase("sync_weights"):
+        ctx.memory.use("sync")
+        metrics = push(ctx.actor, ctx.rollout, ctx.transport, ctx.config.model.dtype)
+        if ctx.probe_prompts:
+            ctx.memory.use("check")
+            params = ctx.sampling_params(
+                n=1, max_tokens=min(PROBE_TOKENS, ctx.config.rollout.max_response_length)
+            )
+            completions = ctx.rollout.generate(ctx.probe_prompts, params)
+            probe = completions_to_batch(completions, ctx.pad_token_id)
+            if bool(probe["response_mask"].any()):
+                trainer = ctx.actor.infer(probe, ("log_probs",))
+                metrics.update(
+                    compare_log_probs(
+                        probe["rollout_log_probs"],
+                        trainer["log_probs"],
+                        probe["response_mask"],
+                        threshold=ctx.config.transport.max_logprob_diff,
+                        train_engine=ctx.config.engine,
+                        rollout_engine=ctx.config.rollout.engine,
+                    )
+                )
+    ctx.record(metrics)
+    return metrics

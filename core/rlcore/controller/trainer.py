@@ -1,0 +1,418 @@
+"""The single controller's run: setup, the step loop, validation, checkpoints and metrics.
+
+:class:`Trainer` owns everything around an algorithm's step: it builds the roles (engines on Ray or in
+this process), the data loaders, the reward provider and the weight transport; it runs
+``Algorithm.step`` once per training step, validates on schedule, saves and resumes checkpoints, and
+feeds the metric sinks. The algorithm owns only its step (:mod:`rlcore.controller.flows`).
+
+The config handed to :class:`Trainer` must name model folders (``run.prepare_run`` resolves
+``builtin:tiny``).
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+import random
+import time
+from collections.abc import Callable, Sequence
+from pathlib import Path
+from typing import Any
+
+import attrs
+
+from rlcore.api import Batch, EngineSpec, RolloutSpec
+from rlcore.controller import checkpoint as ckpt
+from rlcore.controller.flows import resolve_preset
+from rlcore.controller.flows.context import MemoryPlan, StepContext
+from rlcore.controller.flows.phases import generate, score, sync_weights
+from rlcore.controller.loggers import MetricsLogger, build_loggers, check_logger_names
+from rlcore.controller.metrics import mean_by, throughput
+
+logger = logging.getLogger(__name__)
+
+#: Roles whose engines train, and so are checkpointed (the reference model is rebuilt from its folder).
+TRAINED_ROLES = ("actor", "critic")
+
+
+# -- what each role is built from ------------------------------------------------------------------
+def optimizer_steps(config: Any) -> int:
+    """Optimizer steps of the whole run (the LR schedule's length): per training step, ``ppo_epochs``
+    passes of ``train_batch_size / ppo_mini_batch_size`` mini-batches."""
+    mini = config.actor.ppo_mini_batch_size
+    per_epoch = 1 if mini is None else math.ceil(config.data.train_batch_size / mini)
+    return config.trainer.total_steps * config.actor.ppo_epochs * per_epoch
+
+
+def engine_spec(config: Any, role: str) -> EngineSpec:
+    """The :class:`~rlcore.api.EngineSpec` of train role ``role`` (``actor``, ``critic``, ``reference``)."""
+    temperature = config.rollout.temperature if config.rollout.temperature > 0 else 1.0
+    section = config.critic if role == "critic" else config.actor
+    optim = section.optim
+    return EngineSpec(
+        model_path=(config.critic.model_path or config.model.path) if role == "critic" else config.model.path,
+        head="value" if role == "critic" else "lm",
+        trainable=role != "reference",
+        dtype=config.model.dtype,
+        lr=optim.lr,
+        weight_decay=optim.weight_decay,
+        betas=tuple(optim.betas),
+        grad_clip=optim.grad_clip,
+        warmup_steps=optim.warmup_steps,
+        total_steps=optimizer_steps(config),
+        lr_schedule=optim.lr_schedule,
+        min_lr_ratio=optim.min_lr_ratio,
+        micro_batch_size=section.micro_batch_size,
+        max_tokens_per_micro_batch=config.actor.max_tokens_per_micro_batch if role != "critic" else None,
+        gradient_checkpointing=config.actor.gradient_checkpointing if role != "critic" else False,
+        temperature=temperature,
+        seed=config.trainer.seed,
+    )
+
+
+def rollout_spec(config: Any) -> RolloutSpec:
+    return RolloutSpec(
+        model_path=config.model.path,
+        dtype=config.model.dtype,
+        tensor_parallel_size=config.rollout.tensor_parallel_size,
+        max_model_len=config.data.max_prompt_length + config.rollout.max_response_length,
+        gpu_memory_utilization=config.rollout.gpu_memory_utilization,
+        seed=config.trainer.seed,
+    )
+
+
+def engine_section(config: Any, kind: str, name: str) -> Any:
+    """Engine ``name``'s config section (``kind``: ``train_engines`` or ``rollout_engines``).
+
+    A train and a rollout engine of the same name (the fakes) share one YAML section; each gets the
+    fields its own config class has.
+    """
+    from rlcore.plugins import registry
+
+    section = config.plugins.get(name)
+    cls = registry(kind).entry(name).options.get("config")
+    if section is None or cls is None or isinstance(section, cls):
+        return section
+    shared = {f.name: getattr(section, f.name) for f in attrs.fields(cls) if hasattr(section, f.name)}
+    return cls(**shared)
+
+
+def build_roles(config: Any, train_roles: Sequence[str], on_built: Callable[[Any], None]) -> tuple[dict, Any]:
+    """Train roles ``train_roles`` and the rollout role, on ``trainer.backend``. ``on_built(handle)`` is
+    called for each role and the placement as soon as it exists, so a later failure can shut it down."""
+    from rlcore.controller.roles import make_rollout_role, make_train_role
+
+    backend = config.trainer.backend
+    placement = None
+    if backend == "ray":
+        from rlcore.controller.cluster import start_ray
+        from rlcore.controller.placement import placement_from_config
+
+        start_ray(config.trainer.ray_address)
+        placement = placement_from_config(config, [*train_roles, "rollout"])
+        placement.create()
+        on_built(placement)
+    slot = (lambda role: placement.slot(role)) if placement is not None else (lambda role: None)
+    section = engine_section(config, "train_engines", config.engine)
+    roles = {}
+    for name in train_roles:
+        roles[name] = make_train_role(
+            name,
+            config.engine,
+            engine_spec(config, name),
+            section,
+            world_size=config.critic.world_size if name == "critic" else config.actor.world_size,
+            backend=backend,
+            slot=slot(name),
+            device=config.trainer.device,
+        )
+        on_built(roles[name])
+    rollout = make_rollout_role(
+        config.rollout.engine,
+        rollout_spec(config),
+        engine_section(config, "rollout_engines", config.rollout.engine),
+        num_engines=config.rollout.num_engines,
+        backend=backend,
+        slot=slot("rollout"),
+        device=config.trainer.device,
+    )
+    on_built(rollout)
+    return roles, rollout
+
+
+def load_tokenizer(config: Any) -> Any:
+    from transformers import AutoTokenizer
+
+    path = config.model.tokenizer_path or config.model.path
+    try:
+        return AutoTokenizer.from_pretrained(path)
+    except Exception as exc:
+        raise ValueError(
+            f"could not load a tokenizer from {path!r} (model.tokenizer_path or model.path): "
+            f"{type(exc).__name__}: {exc}"
+        ) from exc
+
+
+def seed_everything(seed: int) -> None:
+    import numpy as np
+    import torch
+
+    random.seed(seed)
+    np.random.seed(seed)
+    torch.manual_seed(seed)
+
+
+# -- the run ---------------------------------------------------------------------------------------
+class Trainer:
+    """One training run in ``run_dir``. Construction does the whole setup (and resumes from a
+    checkpoint as ``trainer.resume`` says); :meth:`fit` trains; :meth:`close` releases everything.
+
+    ``history`` holds one record per logged step (``{"step": k, metric: value ...}``; step 0 holds the
+    validation before training and the first weight sync).
+    """
+
+    def __init__(self, config: Any, run_dir: str | Path, *, console: Any = None, config_yaml: str = ""):
+        self.config, self.run_dir, self.config_yaml = config, Path(run_dir), config_yaml
+        self.step = 0
+        self.history: list[dict[str, Any]] = []
+        self.resumed_from: Path | None = None
+        self.sinks: list[MetricsLogger] = []
+        self._closers: list[Any] = []
+        try:
+            self._setup(console)
+        except BaseException:
+            self.close()
+            raise
+
+    # -- setup -----------------------------------------------------------------------------------
+    def _setup(self, console: Any) -> None:
+        from rlcore.algorithms.kl import make_kl_controller
+        from rlcore.controller.roles import resolve_transport_name
+        from rlcore.data import build_train_loader, build_val_loader
+        from rlcore.plugins import registry
+
+        cfg = self.config
+        seed_everything(cfg.trainer.seed)
+        check_logger_names(cfg.trainer.loggers)
+        algorithm_cls = registry("algorithms").get(cfg.algorithm.name)
+        self.preset = resolve_preset(cfg.algorithm, algorithm_cls)
+        self.algorithm = algorithm_cls(self.preset, cfg)
+        self.tokenizer = load_tokenizer(cfg)
+        self.train_loader = build_train_loader(cfg.data, self.tokenizer)
+        self.val_loader = build_val_loader(cfg.data, self.tokenizer)
+        self._batches = iter(self.train_loader)
+        self.reward = registry("reward_providers").get(cfg.reward.provider)(cfg.reward)
+        self._closers.append(self.reward)
+
+        extra = [r for r in ("critic", "reference") if r in {*self.algorithm.roles, *self.preset.roles}]
+        self.roles, rollout = build_roles(cfg, ["actor", *extra], self._closers.append)
+        actor = self.roles["actor"]
+        check = cfg.transport.check_prompts
+        probes = min(max(check, actor.dp_size), len(self.train_loader.dataset)) if check > 0 else 0
+        self.ctx = StepContext(
+            config=cfg,
+            preset=self.preset,
+            actor=actor,
+            rollout=rollout,
+            reward=self.reward,
+            tokenizer=self.tokenizer,
+            pad_token_id=self.train_loader.pad_token_id,
+            memory=MemoryPlan(
+                cfg.trainer.placement == "colocated",
+                rollout,
+                self.roles,
+                cfg.trainer.release_train_in_rollout,
+            ),
+            transport=attrs.evolve(
+                cfg.transport, name=resolve_transport_name(cfg.transport.name, actor, rollout)
+            ),
+            next_prompts=self.next_prompts,
+            critic=self.roles.get("critic"),
+            reference=self.roles.get("reference"),
+            kl_ctrl=make_kl_controller(**attrs.asdict(self.preset.kl_ctrl))
+            if self.preset.use_kl_in_reward
+            else None,
+            probe_prompts=[self.train_loader.dataset[i]["input_ids"].tolist() for i in range(probes)],
+            seed=cfg.trainer.seed,
+        )
+        self.resumed_from = self._checkpoint_to_resume()
+        if self.resumed_from is not None:
+            self._load(self.resumed_from)
+        self.sinks = build_loggers(
+            cfg.trainer.loggers,
+            self.run_dir,
+            total_steps=cfg.trainer.total_steps,
+            start_step=self.step,
+            experiment_name=self.run_dir.name,
+            config=_config_dict(cfg),
+            history=self.history,
+            console=console,
+        )
+        # The rollout starts from the model folder; the actor may hold a checkpoint's weights. Syncing now
+        # also runs the post-sync check before any step depends on it.
+        with self.ctx.detached() as first_sync:
+            sync_weights(self.ctx)
+        self._first_sync = dict(first_sync)
+
+    def next_prompts(self) -> Batch:
+        """The next training batch of prompts; a new epoch starts when one ends."""
+        try:
+            return next(self._batches)
+        except StopIteration:
+            self._batches = iter(self.train_loader)
+            return next(self._batches)
+
+    # -- the loop --------------------------------------------------------------------------------
+    def fit(self, num_steps: int | None = None) -> list[dict[str, Any]]:
+        """Train up to ``trainer.total_steps`` (or ``num_steps`` more steps); returns the history."""
+        total = self.config.trainer.total_steps
+        stop = total if num_steps is None else min(total, self.step + num_steps)
+        if self.step == 0 and not self.history:
+            record = dict(self._first_sync)
+            if self.config.trainer.val_before_train and self.val_loader is not None:
+                record.update(self.validate())
+            self._log(0, record)
+        while self.step < stop:
+            self.train_step()
+        return self.history
+
+    def train_step(self) -> dict[str, Any]:
+        """One step of the algorithm, then validation and a checkpoint when due."""
+        cfg = self.config.trainer
+        prompts = self.next_prompts()
+        self.step += 1
+        ctx = self.ctx
+        ctx.begin_step(self.step)
+        start = time.perf_counter()
+        metrics = dict(self.algorithm.step(ctx, prompts))
+        step_s = time.perf_counter() - start
+        metrics.update(ctx.metrics)
+        metrics.update(ctx.timer.metrics())
+        metrics["timing/step"] = step_s
+        metrics.update(
+            throughput(
+                int(metrics.get("tokens/total", 0)),
+                int(metrics.get("tokens/response", 0)),
+                step_s,
+                metrics.get("timing/generate"),
+            )
+        )
+        metrics["train/epoch"] = float(self.train_loader.epoch)
+        if self.val_loader is not None and (
+            (cfg.val_freq > 0 and self.step % cfg.val_freq == 0) or self.step == cfg.total_steps
+        ):
+            metrics.update(self.validate())
+        record = self._log(self.step, metrics, sinks=False)
+        if (cfg.save_freq > 0 and self.step % cfg.save_freq == 0) or self.step == cfg.total_steps:
+            start = time.perf_counter()
+            self.save()
+            record["timing/save"] = time.perf_counter() - start
+        for sink in self.sinks:
+            sink.log(self.step, {k: v for k, v in record.items() if k != "step"})
+        return record
+
+    def _log(self, step: int, metrics: dict[str, Any], sinks: bool = True) -> dict[str, Any]:
+        record = {"step": step, **{k: float(v) for k, v in metrics.items()}}
+        self.history.append(record)
+        if sinks:
+            for sink in self.sinks:
+                sink.log(step, metrics)
+        return record
+
+    # -- validation ------------------------------------------------------------------------------
+    def validate(self) -> dict[str, float]:
+        """Generate for every validation prompt (``rollout.val_temperature``, ``rollout.val_n``
+        responses), score, and report ``val/reward`` (mean over responses), ``val/reward/<data_source>``
+        and ``val/response_length/mean``."""
+        r = self.config.rollout
+        scores: list[float] = []
+        sources: list[str] = []
+        lengths: list[float] = []
+        start = time.perf_counter()
+        with self.ctx.detached() as inner:
+            for prompts in self.val_loader.full_pass():
+                batch = generate(
+                    self.ctx, prompts, n=r.val_n, temperature=r.val_temperature, phase="validate"
+                )
+                batch = score(self.ctx, batch, phase="validate")
+                scores += batch["token_level_scores"].double().sum(-1).tolist()
+                sources += [str(s) for s in batch["data_source"]]
+                lengths += batch["response_mask"].sum(-1).double().tolist()
+        metrics = {
+            "val/reward": sum(scores) / len(scores),
+            "val/response_length/mean": sum(lengths) / len(lengths),
+            "timing/validate": time.perf_counter() - start,
+        }
+        metrics.update({f"val/reward/{src}": v for src, v in mean_by(sources, scores).items()})
+        if inner.get("reward/errors"):
+            metrics["val/reward_errors"] = inner["reward/errors"]
+        return metrics
+
+    # -- checkpoints -----------------------------------------------------------------------------
+    def _checkpoint_to_resume(self) -> Path | None:
+        resume = self.config.trainer.resume
+        if resume == "disable":
+            return None
+        if resume == "auto":
+            return ckpt.latest_checkpoint(self.run_dir)
+        return ckpt.resolve_checkpoint(resume)
+
+    def _state(self) -> dict[str, Any]:
+        return {
+            "step": self.step,
+            "train_loader": self.train_loader.state_dict(),
+            "rng": ckpt.rng_state(),
+            "kl_coef": None if self.ctx.kl_ctrl is None else self.ctx.kl_ctrl.value,
+            "history": [dict(r) for r in self.history],
+        }
+
+    def save(self) -> Path:
+        """Checkpoint the trained roles and the trainer state at the current step."""
+        self.ctx.memory.use("train")  # engines save what they hold on their devices
+        saves = {name: role.save_checkpoint for name, role in self.roles.items() if name in TRAINED_ROLES}
+        path = ckpt.save_checkpoint(self.run_dir, self.step, saves, self._state(), self.config_yaml)
+        logger.info("saved checkpoint %s", path)
+        return path
+
+    def _load(self, path: Path) -> None:
+        state = ckpt.load_state(path)
+        for name, role in self.roles.items():
+            if name in TRAINED_ROLES:
+                if not (path / name).exists():
+                    raise ckpt.CheckpointError(
+                        f"checkpoint {path} has no {name!r} folder, but this run trains a {name}: it was written "
+                        "by a run with another algorithm. Set trainer.resume=disable or another trainer.experiment_name."
+                    )
+                role.load_checkpoint(str(path / name))
+        self.step = int(state["step"])
+        self.train_loader.load_state_dict(state["train_loader"])
+        self._batches = iter(self.train_loader)
+        ckpt.set_rng_state(state["rng"])
+        if self.ctx.kl_ctrl is not None and state.get("kl_coef") is not None:
+            self.ctx.kl_ctrl.value = float(state["kl_coef"])
+        self.history = [dict(r) for r in state["history"]]
+        logger.info("resumed from %s at step %d", path, self.step)
+
+    # -- teardown --------------------------------------------------------------------------------
+    def close(self) -> None:
+        """Close metric sinks, the reward provider, every role and the placement (each once)."""
+        for sink in self.sinks:
+            _quietly(sink.close)
+        self.sinks = []
+        while self._closers:
+            handle = self._closers.pop()
+            _quietly(getattr(handle, "close", None) or getattr(handle, "shutdown", None) or handle.remove)
+
+
+def _quietly(fn: Callable[[], Any]) -> None:
+    """Teardown must not hide the error that ended a run."""
+    try:
+        fn()
+    except Exception as exc:
+        logger.warning("error during teardown (%s): %s", getattr(fn, "__qualname__", fn), exc)
+
+
+def _config_dict(config: Any) -> dict[str, Any]:
+    from rlcore.config import to_dict
+
+    return to_dict(config)
