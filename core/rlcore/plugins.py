@@ -39,6 +39,7 @@ DEFAULT_PLUGINS = (
     "rlcore.builtin.transports",
     "rlcore.builtin.rewards",
     "rlcore.builtin.algorithms",
+    "rlcore.builtin.flows",
     "rlcore.testing.plugin",
 )
 

@@ -215,6 +215,9 @@ class TrainerConfig:
     device: str = "auto"
     #: ``colocated`` (roles time-share devices) or ``split`` (rollout on its own devices).
     placement: str = attrs.field(default="colocated", validator=_one_of("colocated", "split"))
+    #: Colocated placement: also move the train roles' weights and optimizer state off the devices while
+    #: the rollout generates (room for a larger KV cache, at the cost of a copy each way every step).
+    release_train_in_rollout: bool = False
     #: Ray cluster to join (``auto``, ``host:port``, ``ray://...``); ``None`` starts a local one
     #: (``RAY_ADDRESS`` is used when set).
     ray_address: str | None = None
