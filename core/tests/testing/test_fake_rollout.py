@@ -3,12 +3,12 @@ frequencies, stop conditions; weight sync from the fake trainer; errors."""
 
 import asyncio
 import math
+import time
 from collections import Counter
 
 import pytest
 import torch
 from rlcore.api import Batch, EngineSpec, RolloutSpec, SamplingParams
-from rlcore.testing import fakes
 from rlcore.testing.contract import contract_batch, token_nll_loss
 from rlcore.testing.fakes import FakeRollout, FakeRolloutConfig, FakeTrainConfig, FakeTrainEngine
 from rlcore.weights import bucketize
@@ -223,7 +223,7 @@ def test_release_resume_bookkeeping():
 def test_agenerate_requests_overlap_with_fixed_cost(monkeypatch):
     engine = make(generate_cost_s=0.5)
     slept = []
-    monkeypatch.setattr(fakes.time, "sleep", slept.append)
+    monkeypatch.setattr(time, "sleep", slept.append)
 
     async def run():
         return await asyncio.gather(

@@ -6,12 +6,12 @@ import math
 import socket
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
 import torch
 from rlcore.api import Batch, EngineSpec
-from rlcore.testing import fakes
 from rlcore.testing.contract import contract_batch, token_nll_loss
 from rlcore.testing.fakes import FakeTrainConfig, FakeTrainEngine
 from rlcore.testing.tiny_lm import TinyLM
@@ -259,7 +259,7 @@ def test_export_hf_folder(tmp_path, tiny_model_path):
 
 def test_fixed_costs_sleep(monkeypatch):
     slept = []
-    monkeypatch.setattr(fakes.time, "sleep", slept.append)
+    monkeypatch.setattr(time, "sleep", slept.append)
     engine = FakeTrainEngine(
         EngineSpec(**SPEC), FakeTrainConfig(vocab_size=50, step_cost_s=0.25, infer_cost_s=0.125)
     )
