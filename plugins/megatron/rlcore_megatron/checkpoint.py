@@ -1,0 +1,106 @@
+"""Training checkpoints with megatron-core's distributed checkpointing (``torch_dist`` format).
+
+Every rank writes its own shards in parallel. The distributed optimizer's state is saved in the
+``dp_reshardable`` layout, so a checkpoint loads back with the same tensor/pipeline sizes and any
+data-parallel size. Plain values (LR schedule, step counter) go into the common part.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import torch
+import torch.distributed as dist
+from megatron.core import dist_checkpointing
+
+_OPTIMIZER_FORMAT = {"distrib_optim_sharding_type": "dp_reshardable"}
+
+
+def _torch_adams(optimizer) -> list:
+    """The ``torch.optim.Adam(W)`` inside each of Megatron's (chained) optimizers, or None where
+    Megatron uses a fused Adam (Apex / Transformer Engine), which keeps its step in param groups."""
+    out = []
+    for inner in getattr(optimizer, "chained_optimizers", [optimizer]):
+        torch_opt = getattr(inner, "optimizer", None)
+        out.append(torch_opt if isinstance(torch_opt, torch.optim.Adam | torch.optim.AdamW) else None)
+    return out
+
+
+def _torch_adam_steps(optimizer) -> list[float | None]:
+    steps = []
+    for adam in _torch_adams(optimizer):
+        values = (
+            {float(st["step"]) for st in adam.state.values() if "step" in st} if adam is not None else set()
+        )
+        steps.append(values.pop() if len(values) == 1 else None)
+    return steps
+
+
+def _materialise_torch_adam_state(optimizer) -> None:
+    """Give a never-stepped torch Adam the per-parameter state its first step would create:
+    megatron-core's distributed optimizer reads it while building the state dict to load into."""
+    for adam in _torch_adams(optimizer):
+        for group in adam.param_groups if adam is not None else []:
+            for p in group["params"]:
+                if not adam.state[p]:
+                    adam.state[p].update(
+                        step=torch.tensor(0.0), exp_avg=torch.zeros_like(p), exp_avg_sq=torch.zeros_like(p)
+                    )
+
+
+def _restore_torch_adam_steps(optimizer, steps: list[float | None]) -> None:
+    """Set torch Adam's step count from the checkpoint's common part, one tensor per parameter.
+
+    megatron-core 0.16-0.19 loses it on this path: the ``dp_reshardable`` parameter state copies the
+    step of the state being loaded *into*, and the optimizer state dict puts one shared step tensor
+    into every parameter's state, which torch's multi-tensor Adam then increments once per
+    parameter. Either corrupts Adam's bias correction after a resume.
+    """
+    for adam, step in zip(_torch_adams(optimizer), steps, strict=True):
+        if adam is None or step is None:
+            continue
+        for state in adam.state.values():
+            state["step"] = torch.tensor(step)
+
+
+def _sharded_state(model, optimizer, *, loading: bool) -> dict:
+    state = {"model": model.sharded_state_dict()}
+    if optimizer is not None:
+        state["optimizer"] = optimizer.sharded_state_dict(
+            state, is_loading=loading, metadata=_OPTIMIZER_FORMAT
+        )
+    return state
+
+
+def save(path: str | Path, model, optimizer, common: dict) -> None:
+    """Write ``model`` (the unwrapped stage model), ``optimizer`` (or None) and ``common`` under
+    ``path/dist`` (collective)."""
+    target = Path(path) / "dist"
+    if dist.get_rank() == 0:
+        target.mkdir(parents=True, exist_ok=True)
+    dist.barrier()
+    state = _sharded_state(model, optimizer, loading=False)
+    state["common"] = dict(common, torch_adam_steps=_torch_adam_steps(optimizer) if optimizer else [])
+    dist_checkpointing.save(state, str(target))
+    dist.barrier()
+
+
+def load(path: str | Path, model, optimizer) -> dict:
+    """Restore what :func:`save` wrote into ``model`` and ``optimizer``; return ``common`` (collective)."""
+    target = Path(path) / "dist"
+    if not target.is_dir():
+        raise FileNotFoundError(
+            f"no Megatron checkpoint at {target} (written by MegatronEngine.save_checkpoint)"
+        )
+    if optimizer is not None:
+        _materialise_torch_adam_state(optimizer)
+    state = _sharded_state(model, optimizer, loading=True)
+    state["common"] = {}
+    loaded = dist_checkpointing.load(state, str(target))
+    model.load_state_dict(loaded["model"])
+    if optimizer is not None:
+        # megatron-core 0.16 copies fp32 main params into views of leaf parameters here.
+        with torch.no_grad():
+            optimizer.load_state_dict(loaded["optimizer"])
+        _restore_torch_adam_steps(optimizer, loaded["common"]["torch_adam_steps"])
+    return loaded["common"]

@@ -1,0 +1,67 @@
+"""The ``megatron:`` config section. Light to import (attrs only).
+
+Model-independent settings (learning rate, micro-batch size, dtype ...) live in the role sections and
+reach the engine as :class:`rlcore.api.EngineSpec`; this section holds only what is Megatron's own.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import attrs
+
+TRANSFORMER_IMPLS = ("local", "transformer_engine")
+
+
+def _positive(instance: Any, attribute: attrs.Attribute, value: int | None) -> None:
+    if value is not None and (isinstance(value, bool) or not isinstance(value, int) or value < 1):
+        raise ValueError(f"megatron.{attribute.name} must be an integer >= 1, got {value!r}")
+
+
+def _impl(instance: Any, attribute: attrs.Attribute, value: str) -> None:
+    if value not in TRANSFORMER_IMPLS:
+        raise ValueError(
+            f"megatron.{attribute.name} must be one of {', '.join(TRANSFORMER_IMPLS)}; got {value!r}"
+        )
+
+
+@attrs.define(kw_only=True)
+class MegatronConfig:
+    """Parallel layout and Megatron-specific switches of the ``megatron`` train engine.
+
+    The data-parallel size is what is left: ``world_size / (tensor_model_parallel_size *
+    pipeline_model_parallel_size)``.
+    """
+
+    #: Tensor-parallel ranks per model replica (must divide the attention's query groups).
+    tensor_model_parallel_size: int = attrs.field(default=1, validator=_positive)
+    #: Pipeline stages per model replica (must divide the number of layers).
+    pipeline_model_parallel_size: int = attrs.field(default=1, validator=_positive)
+    #: Shard the optimizer state (and fp32 master weights) over data-parallel ranks (ZeRO-1).
+    use_distributed_optimizer: bool = True
+    #: Split activations along the sequence inside tensor-parallel regions. megatron-core's local
+    #: RMSNorm does not support it, so it needs ``transformer_impl: transformer_engine``.
+    sequence_parallel: bool = False
+    #: ``local``: megatron-core's own layers (runs everywhere); ``transformer_engine``: NVIDIA
+    #: Transformer Engine's fused layers (needs the ``transformer_engine`` package).
+    transformer_impl: str = attrs.field(default="local", validator=_impl)
+    #: Sequences per micro-batch in ``infer``; None: the role's ``micro_batch_size``.
+    infer_micro_batch_size: int | None = attrs.field(default=None, validator=_positive)
+    #: Reduce gradients in fp32 even when parameters are bf16.
+    grad_reduce_in_fp32: bool = True
+    #: Overlap the data-parallel gradient reduction with the backward pass.
+    overlap_grad_reduce: bool = False
+    #: Gradient bucket size in elements for the data-parallel reduction; None: Megatron's default.
+    ddp_bucket_size: int | None = attrs.field(default=None, validator=_positive)
+    #: Pad the vocabulary to a multiple of this times the tensor-parallel size (padded rows are
+    #: zero and never reach log-probs or the exported weights).
+    make_vocab_size_divisible_by: int = attrs.field(default=128, validator=_positive)
+    #: Adam epsilon.
+    adam_eps: float = 1e-8
+
+    def __attrs_post_init__(self) -> None:
+        if self.sequence_parallel and self.transformer_impl != "transformer_engine":
+            raise ValueError(
+                "megatron.sequence_parallel needs megatron.transformer_impl=transformer_engine: "
+                "megatron-core's local RMSNorm does not support sequence parallelism"
+            )

@@ -1,0 +1,425 @@
+"""``MegatronEngine``: rlcore's :class:`~rlcore.api.TrainEngine` on megatron-core.
+
+One instance per rank. The model is built per pipeline stage from the HF ``config.json`` and filled from
+the HF safetensors; tensor, pipeline and data parallelism come from megatron-core's process groups,
+its DDP wrapper and (optionally) its distributed optimizer. Micro-batches run through Megatron's own
+forward/backward schedules (1F1B with pipeline stages), with rlcore's loss function on the last stage.
+
+Loss normalisation: the loss function divides by ``batch.meta["global_tokens"]`` itself, so the engine
+makes Megatron *sum* gradients over micro-batches and data-parallel ranks (``calculate_per_token_loss``
+with no token rescaling in :func:`_finalize_grads`).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator, Sequence
+from typing import Any
+
+import attrs
+import torch
+import torch.distributed as dist
+from megatron.core import parallel_state as mpu
+from megatron.core import tensor_parallel
+from megatron.core.distributed import (
+    DistributedDataParallel,
+    DistributedDataParallelConfig,
+    finalize_model_grads,
+)
+from megatron.core.optimizer import OptimizerConfig, get_megatron_optimizer
+from megatron.core.optimizer_param_scheduler import OptimizerParamScheduler
+from megatron.core.pipeline_parallel import get_forward_backward_func
+from rlcore.api import Batch, DistInfo, EngineSpec, LossFn, TrainEngine, WeightBucket
+from rlcore.weights import bucketize
+from transformers import AutoConfig
+
+from rlcore_megatron import checkpoint
+from rlcore_megatron.architecture import model_shape
+from rlcore_megatron.config import MegatronConfig
+from rlcore_megatron.convert import param_maps
+from rlcore_megatron.export import hf_named_tensors
+from rlcore_megatron.hf_io import HFCheckpoint, load_into, write_hf_folder
+from rlcore_megatron.model import (
+    build_stage_model,
+    local_layers,
+    mark_tensor_parallel,
+    param_dtype,
+    transformer_config,
+)
+from rlcore_megatron.offload import Parking
+from rlcore_megatron.parallel import (
+    broadcast_from_last_stage,
+    gather_over_dp,
+    init_process_groups,
+    with_stage_layers,
+)
+from rlcore_megatron.sequences import Aligned, left_align, micro_batches, response_columns, restore
+from rlcore_megatron.vocab_parallel import log_probs_and_entropy
+
+HEAD_OUTPUTS = {"lm": ("log_probs", "entropy"), "value": ("values",), "score": ("scores",)}
+TAGS = ("weights", "grads", "optimizer")
+
+
+def _finalize_grads(model_chunks, num_tokens=None, *args, **kwargs):
+    """Megatron's gradient finalisation (DP reduction, tied-embedding and sequence-parallel sums)
+    without its division by the token count: rlcore's loss functions normalise already."""
+    return finalize_model_grads(model_chunks, None, *args, **kwargs)
+
+
+@attrs.frozen
+class _Micro:
+    """A micro-batch on the device and its left-aligned tokens."""
+
+    batch: Batch
+    aligned: Aligned
+
+
+class MegatronEngine(TrainEngine):
+    """megatron-core train engine: ``MegatronEngine(spec, config, platform, dist)``.
+
+    Honours ``EngineSpec``: ``model_path``, ``head`` (``lm``/``value``/``score``), ``trainable``,
+    ``dtype`` (float32/bfloat16), ``lr``, ``weight_decay``, ``betas``, ``grad_clip`` (0: no clipping),
+    ``warmup_steps``, ``total_steps``, ``lr_schedule``, ``min_lr_ratio``, ``micro_batch_size``,
+    ``max_tokens_per_micro_batch``, ``gradient_checkpointing`` (full recompute per layer),
+    ``temperature`` and ``seed``.
+    """
+
+    config_class = MegatronConfig
+
+    def __init__(self, spec: EngineSpec, config: MegatronConfig | None, platform: Any, dist: DistInfo):
+        super().__init__(spec, config if config is not None else MegatronConfig(), platform, dist)
+        cfg = self.config
+        if spec.head not in HEAD_OUTPUTS:
+            raise ValueError(
+                f"unknown head {spec.head!r}; the megatron engine supports {', '.join(HEAD_OUTPUTS)}"
+            )
+        self.device = platform.set_device(dist.local_rank)
+        self.dtype = param_dtype(spec.dtype)
+        self.hf_config = AutoConfig.from_pretrained(spec.model_path)
+        self.shape = model_shape(
+            self.hf_config,
+            tp_size=cfg.tensor_model_parallel_size,
+            pp_size=cfg.pipeline_model_parallel_size,
+            make_vocab_size_divisible_by=cfg.make_vocab_size_divisible_by,
+        )
+        layout = init_process_groups(
+            dist, platform.dist_backend, cfg.tensor_model_parallel_size, cfg.pipeline_model_parallel_size
+        )
+        # Megatron's RNG tracker: the same seed on every data-parallel replica, offset per TP rank.
+        tensor_parallel.model_parallel_cuda_manual_seed(spec.seed)
+        self.tf_config = transformer_config(
+            self.shape, cfg, self.dtype, recompute=spec.gradient_checkpointing
+        )
+        module = build_stage_model(
+            self.shape,
+            cfg,
+            self.tf_config,
+            head=spec.head,
+            first=layout.is_first_stage,
+            last=layout.is_last_stage,
+        )
+        self.layout = with_stage_layers(layout, local_layers(module))
+        self.maps = param_maps(
+            self.shape, head=spec.head, fused_norms=cfg.transformer_impl == "transformer_engine"
+        )
+        stage = self.layout.stage_layers[self.layout.pp_rank]
+        mark_tensor_parallel(module, self.maps, stage[0] if stage else 0)
+        self.fresh_params = load_into(
+            module,
+            self.maps,
+            HFCheckpoint(spec.model_path),
+            self.shape,
+            layer_offset=stage[0] if stage else 0,
+            tp_rank=self.layout.tp_rank,
+            tp_size=self.layout.tp_size,
+            init_missing=self._init_head,
+        )
+        self.module = module.to(self.device)
+        self.optimizer = self.scheduler = None
+        if spec.trainable:
+            self._setup_training()
+        else:
+            self.module.requires_grad_(False)
+            self.model = self.module
+        self.parking = Parking()
+        self.steps = 0
+
+    # -- construction ----------------------------------------------------------------------------
+    def _init_head(self, param: torch.Tensor) -> None:
+        """A fresh scalar head: normal(0, initializer_range) weight, zero bias; same on every rank."""
+        if param.dim() == 1:
+            param.zero_()
+            return
+        gen = torch.Generator().manual_seed(self.spec.seed)
+        param.copy_(torch.randn(param.shape, generator=gen) * self.shape.initializer_range)
+
+    def _setup_training(self) -> None:
+        spec, cfg = self.spec, self.config
+        self.model = DistributedDataParallel(
+            config=self.tf_config,
+            ddp_config=DistributedDataParallelConfig(
+                grad_reduce_in_fp32=cfg.grad_reduce_in_fp32,
+                overlap_grad_reduce=cfg.overlap_grad_reduce,
+                use_distributed_optimizer=cfg.use_distributed_optimizer,
+                bucket_size=cfg.ddp_bucket_size,
+            ),
+            module=self.module,
+        )
+        self.optimizer = get_megatron_optimizer(
+            OptimizerConfig(
+                optimizer="adam",
+                lr=spec.lr,
+                min_lr=spec.lr * spec.min_lr_ratio,
+                weight_decay=spec.weight_decay,
+                adam_beta1=spec.betas[0],
+                adam_beta2=spec.betas[1],
+                adam_eps=cfg.adam_eps,
+                # An infinite threshold still computes the global norm (reported) but never clips.
+                clip_grad=spec.grad_clip if spec.grad_clip > 0 else float("inf"),
+                bf16=self.dtype == torch.bfloat16,
+                params_dtype=self.dtype,
+                use_distributed_optimizer=cfg.use_distributed_optimizer,
+            ),
+            [self.model],
+            use_gloo_process_groups=False,
+        )
+        if spec.lr_schedule not in ("constant", "cosine"):
+            raise ValueError(f"lr_schedule must be constant or cosine, got {spec.lr_schedule!r}")
+        if spec.lr_schedule == "cosine" and spec.total_steps <= spec.warmup_steps:
+            raise ValueError(
+                f"a cosine schedule needs total_steps ({spec.total_steps}) > warmup_steps ({spec.warmup_steps})"
+            )
+        self.scheduler = OptimizerParamScheduler(
+            self.optimizer,
+            init_lr=0.0 if spec.warmup_steps > 0 else spec.lr,
+            max_lr=spec.lr,
+            min_lr=spec.lr * spec.min_lr_ratio,
+            lr_warmup_steps=spec.warmup_steps,
+            lr_decay_steps=max(spec.total_steps, spec.warmup_steps + 1),
+            lr_decay_style=spec.lr_schedule,
+            start_wd=spec.weight_decay,
+            end_wd=spec.weight_decay,
+            wd_incr_steps=1,
+            wd_incr_style="constant",
+        )
+        self.tf_config.finalize_model_grads_func = _finalize_grads
+        self.tf_config.no_sync_func = self.model.no_sync
+        if cfg.overlap_grad_reduce:
+            self.tf_config.grad_sync_func = self.model.start_grad_sync
+
+    # -- placement -------------------------------------------------------------------------------
+    def holds_output(self) -> bool:
+        return self.layout.tp_rank == 0 and self.layout.is_last_stage
+
+    def dp_rank_and_size(self) -> tuple[int, int]:
+        return self.layout.dp_rank, self.layout.dp_size
+
+    # -- forward / backward ----------------------------------------------------------------------
+    def _prepare(self, batches: list[Batch]) -> list[_Micro]:
+        multiple = self.layout.tp_size if self.tf_config.sequence_parallel else 1
+        out = []
+        for mb in batches:
+            mb = Batch({k: v.to(self.device) for k, v in mb.tensors.items()}, mb.objects, mb.meta)
+            out.append(_Micro(mb, left_align(mb["input_ids"], mb["attention_mask"], multiple)))
+        return out
+
+    def _head_outputs(
+        self, output: torch.Tensor, micro: _Micro, wanted: Sequence[str]
+    ) -> dict[str, torch.Tensor]:
+        """``output [b, L, V/tp]`` (logits) or ``[b, L, 1]`` (scalar head) -> the requested fields."""
+        aligned = micro.aligned
+        if self.spec.head == "score":
+            rows = torch.arange(output.shape[0], device=output.device)
+            return {"scores": output[rows, (aligned.lengths - 1).clamp(min=0), 0].float()}
+        if "responses" not in micro.batch:
+            raise KeyError("the batch needs 'responses [b, R]' to place per-token outputs on the response")
+        width = micro.batch["responses"].shape[1]
+        if self.spec.head == "value":
+            return {"values": response_columns(restore(output[..., 0].float(), aligned), width)}
+        vocab_local = output.shape[-1]
+        log_probs, entropy = log_probs_and_entropy(
+            output,
+            aligned.next_tokens(),
+            vocab_start=self.layout.tp_rank * vocab_local,
+            vocab_size=self.shape.vocab_size,
+            group=mpu.get_tensor_model_parallel_group() if self.layout.tp_size > 1 else None,
+            temperature=self.spec.temperature,
+            with_entropy="entropy" in wanted,
+        )
+        out = {"log_probs": response_columns(restore(log_probs, aligned), width)}
+        if entropy is not None:
+            out["entropy"] = response_columns(restore(entropy, aligned), width)
+        return out
+
+    def _run(self, micros: list[_Micro], forward_only: bool, reduce_fn) -> list[dict]:
+        """Megatron's schedule over ``micros``; ``reduce_fn(output, micro) -> (loss, info)`` runs on
+        the last stage. Returns the ``info`` dicts there (empty elsewhere)."""
+        one = torch.ones((), dtype=torch.int, device=self.device)
+
+        def forward_step(data_iterator, model):
+            micro = next(data_iterator)
+            output = model(micro.aligned.tokens, micro.aligned.position_ids, None)
+
+            def loss_func(output_tensor):
+                loss, info = reduce_fn(output_tensor, micro)
+                return loss, one, info
+
+            return output, loss_func
+
+        return get_forward_backward_func()(
+            forward_step_func=forward_step,
+            data_iterator=iter(micros),
+            model=self.model,
+            num_microbatches=len(micros),
+            seq_length=max(m.aligned.tokens.shape[1] for m in micros),
+            micro_batch_size=max(m.aligned.tokens.shape[0] for m in micros),
+            forward_only=forward_only,
+        )
+
+    def _require(self, *tags: str) -> None:
+        parked = [t for t in tags if self.parking.is_parked(t)]
+        if parked:
+            raise RuntimeError(f"engine state {parked} is released; call resume({parked}) first")
+
+    def _split(self, batch: Batch, size: int) -> list[_Micro]:
+        if len(batch) == 0:
+            raise ValueError(
+                f"data-parallel rank {self.layout.dp_rank} got an empty batch; dispatch at least "
+                f"{self.layout.dp_size} rows (one per data-parallel rank)"
+            )
+        return self._prepare(micro_batches(batch, size, self.spec.max_tokens_per_micro_batch))
+
+    def train_step(self, batch: Batch, loss_fn: LossFn) -> dict[str, float]:
+        if self.optimizer is None:
+            raise RuntimeError("train_step on an engine built with trainable=False")
+        self._require(*TAGS)
+        micros = self._split(batch, self.spec.micro_batch_size)
+        wanted = HEAD_OUTPUTS[self.spec.head]
+
+        def reduce_fn(output, micro):
+            loss, metrics = loss_fn(self._head_outputs(output, micro, wanted), micro.batch)
+            return loss, {"loss": float(loss.detach()), **{k: float(v) for k, v in metrics.items()}}
+
+        self.model.zero_grad_buffer()
+        self.optimizer.zero_grad()
+        lr = float(self.optimizer.param_groups[0]["lr"])
+        infos = self._run(micros, forward_only=False, reduce_fn=reduce_fn)
+        stepped, grad_norm, _ = self.optimizer.step()
+        if stepped:
+            self.scheduler.step(increment=1)
+        self.steps += 1
+        metrics = self._reduce_metrics(infos)
+        metrics.update(grad_norm=float(grad_norm) if grad_norm is not None else 0.0, lr=lr)
+        return metrics
+
+    def _reduce_metrics(self, infos: list[dict]) -> dict[str, float]:
+        """Sum ``loss`` (already globally normalised) over micro-batches and DP ranks; average the
+        rest. The last stage holds them; every rank returns the same dict."""
+        local = None
+        if self.layout.is_last_stage:
+            keys = {k for info in infos for k in info}
+            local = {k: [info[k] for info in infos if k in info] for k in keys}
+        local = broadcast_from_last_stage(local, self.layout)
+        merged: dict[str, list[float]] = {}
+        for part in gather_over_dp(local, self.layout):
+            for k, values in part.items():
+                merged.setdefault(k, []).extend(values)
+        return {k: sum(v) if k == "loss" else sum(v) / len(v) for k, v in merged.items()}
+
+    @torch.no_grad()
+    def infer(self, batch: Batch, outputs: Sequence[str] = ("log_probs",)) -> Batch | None:
+        unknown = [o for o in outputs if o not in HEAD_OUTPUTS[self.spec.head]]
+        if unknown:
+            raise ValueError(
+                f"head {self.spec.head!r} computes {', '.join(HEAD_OUTPUTS[self.spec.head])}, not {unknown}"
+            )
+        self._require("weights")
+        micros = self._split(batch, self.config.infer_micro_batch_size or self.spec.micro_batch_size)
+        zero = torch.zeros((), device=self.device)
+
+        def reduce_fn(output, micro):
+            return zero, self._head_outputs(output, micro, outputs)
+
+        infos = self._run(micros, forward_only=True, reduce_fn=reduce_fn)
+        if not self.holds_output():
+            return None
+        return Batch({k: torch.cat([info[k] for info in infos]).cpu() for k in outputs})
+
+    # -- weights ---------------------------------------------------------------------------------
+    def _named_hf(self, dtype: torch.dtype) -> Iterator[tuple[str, torch.Tensor]]:
+        self._require("weights")
+        return hf_named_tensors(self.module, self.maps, self.shape, self.layout, dtype, self.device)
+
+    def export_weights(self, dtype: torch.dtype, bucket_bytes: int) -> Iterator[WeightBucket]:
+        named = self._named_hf(dtype)
+        if self.holds_output():
+            yield from bucketize(named, bucket_bytes, dtype)
+        else:
+            for _ in named:
+                pass
+
+    def export_hf(self, path: str) -> None:
+        named = self._named_hf(self.dtype)
+        tied = {alias for pm in self.maps for alias in pm.aliases}
+        if self.holds_output() and self.layout.dp_rank == 0:
+            updates: dict[str, Any] = {"torch_dtype": self.spec.dtype}
+            if self.spec.head != "lm":
+                arch = (self.hf_config.architectures or ["ForCausalLM"])[0].replace("ForCausalLM", "")
+                suffix = (
+                    "ForTokenClassification" if self.spec.head == "value" else "ForSequenceClassification"
+                )
+                updates.update(architectures=[arch + suffix], num_labels=1)
+            # Tied weights are stored once, as save_pretrained does.
+            write_hf_folder(path, ((n, t) for n, t in named if n not in tied), self.spec.model_path, updates)
+        else:
+            for _ in named:
+                pass
+        dist.barrier()
+
+    # -- memory ----------------------------------------------------------------------------------
+    def _tensors(self, tag: str) -> list[torch.Tensor]:
+        params = list(self.module.parameters())
+        if tag == "weights":
+            return params
+        if tag == "grads":
+            return [p.main_grad for p in params if getattr(p, "main_grad", None) is not None]
+        out = []
+        for inner in getattr(
+            self.optimizer, "chained_optimizers", [self.optimizer] if self.optimizer else []
+        ):
+            for state in inner.optimizer.state.values():
+                out.extend(v for v in state.values() if torch.is_tensor(v) and v.device == self.device)
+            # fp32 master copies of bf16 weights (fp32 weights are their own master copy: "weights").
+            for groups in ("shard_fp32_from_float16_groups", "fp32_from_float16_groups"):
+                out.extend(t for group in getattr(inner, groups, []) for t in group)
+        return out
+
+    def _check_tags(self, tags: Sequence[str]) -> None:
+        unknown = [t for t in tags if t not in TAGS]
+        if unknown:
+            raise ValueError(f"unknown memory tags {unknown}; the megatron engine releases {', '.join(TAGS)}")
+
+    def release(self, tags: Sequence[str]) -> None:
+        self._check_tags(tags)
+        for tag in tags:
+            self.parking.park(tag, self._tensors(tag), keep_values=tag != "grads")
+        self.platform.empty_cache()
+
+    def resume(self, tags: Sequence[str]) -> None:
+        self._check_tags(tags)
+        for tag in tags:
+            self.parking.unpark(tag)
+
+    # -- checkpoints -----------------------------------------------------------------------------
+    def save_checkpoint(self, path: str) -> None:
+        self._require(*TAGS)
+        common = {"steps": self.steps}
+        if self.scheduler is not None:
+            common["scheduler"] = self.scheduler.state_dict()
+        checkpoint.save(path, self.module, self.optimizer, common)
+
+    def load_checkpoint(self, path: str) -> None:
+        self._require(*TAGS)
+        common = checkpoint.load(path, self.module, self.optimizer)
+        self.steps = common["steps"]
+        if self.scheduler is not None:
+            self.scheduler.load_state_dict(common["scheduler"])

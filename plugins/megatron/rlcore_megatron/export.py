@@ -1,0 +1,81 @@
+"""The weight stream: full tensors in Hugging Face names, gathered from every Megatron shard.
+
+Walks the pipeline stages in order; on each stage the tensor-parallel ranks all-gather their parts of
+one layer at a time, convert to HF tensors, and (TP rank 0 only) send them to the last stage, whose TP
+rank 0 yields them. Every rank must iterate the generator to the end: it drives the collectives.
+Memory stays bounded by one layer's full tensors.
+"""
+
+from __future__ import annotations
+
+import itertools
+from collections.abc import Iterator, Sequence
+
+import torch
+import torch.distributed as dist
+
+from rlcore_megatron.architecture import ModelShape
+from rlcore_megatron.convert import ParamMap, to_hf, unshard
+from rlcore_megatron.hf_io import local_to_global
+from rlcore_megatron.parallel import Layout, pp_peer, tp_all_gather
+
+
+def _layer_tensors(
+    maps: Sequence[ParamMap], params: dict[str, torch.Tensor], shape: ModelShape, layout: Layout, dtype
+) -> list[tuple[str, torch.Tensor]]:
+    out = []
+    for pm in maps:
+        local = params[pm.mcore].detach().to(dtype)
+        full = unshard(pm, tp_all_gather(local)) if pm.tp_dim is not None and layout.tp_size > 1 else local
+        out.extend(zip(pm.hf, (t.contiguous() for t in to_hf(pm, full, shape)), strict=True))
+    return out
+
+
+def _send(named: list[tuple[str, torch.Tensor]], dst: int) -> None:
+    dist.send_object_list([[(n, tuple(t.shape), t.dtype) for n, t in named]], dst=dst)
+    for _, t in named:
+        dist.send(t, dst=dst)
+
+
+def _recv(src: int, device: torch.device) -> list[tuple[str, torch.Tensor]]:
+    box: list = [None]
+    dist.recv_object_list(box, src=src)
+    named = []
+    for name, shp, dtype in box[0]:
+        t = torch.empty(shp, dtype=dtype, device=device)
+        dist.recv(t, src=src)
+        named.append((name, t))
+    return named
+
+
+def hf_named_tensors(
+    model: torch.nn.Module,
+    maps: Sequence[ParamMap],
+    shape: ModelShape,
+    layout: Layout,
+    dtype: torch.dtype,
+    device: torch.device,
+) -> Iterator[tuple[str, torch.Tensor]]:
+    """``(hf_name, full tensor in dtype)`` for the whole model, yielded on TP rank 0 of the last stage."""
+    offset = layout.stage_layers[layout.pp_rank][0] if layout.stage_layers[layout.pp_rank] else 0
+    params = {local_to_global(n, offset): p for n, p in model.named_parameters()}
+    aliases = {pm.hf[0]: pm.aliases for pm in maps if pm.aliases}
+    last = layout.pp_size - 1
+    holder = layout.tp_rank == 0 and layout.is_last_stage
+    for stage in range(layout.pp_size):
+        owned = [pm for pm in maps if pm.export and layout.stage_of(pm.owner) == stage]
+        for _, group in itertools.groupby(owned, key=lambda pm: pm.owner):
+            group = list(group)
+            named: list[tuple[str, torch.Tensor]] = []
+            if layout.pp_rank == stage:
+                named = _layer_tensors(group, params, shape, layout, dtype)
+            if stage != last and layout.tp_rank == 0:
+                if layout.pp_rank == stage:
+                    _send(named, pp_peer(last))
+                elif layout.is_last_stage:
+                    named = _recv(pp_peer(stage), device)
+            if holder:
+                for name, tensor in named:
+                    yield name, tensor
+                    for alias in aliases.get(name, ()):
+                        yield alias, tensor

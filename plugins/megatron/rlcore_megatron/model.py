@@ -1,0 +1,148 @@
+"""Building this pipeline stage's megatron-core GPT model from a :class:`ModelShape`.
+
+megatron-core 0.19 marks ``GPTModel`` deprecated in favour of ``HybridModel``, whose layer specs need
+Transformer Engine; ``GPTModel`` still works there unchanged and is the only class 0.16 (the last
+release for Python 3.11) has, so it is used for both.
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+from megatron.core import tensor_parallel
+from megatron.core.models.gpt import GPTModel
+from megatron.core.transformer import TransformerConfig
+
+from rlcore_megatron.architecture import ModelShape
+from rlcore_megatron.config import MegatronConfig
+from rlcore_megatron.convert import ParamMap
+from rlcore_megatron.hf_io import local_to_global
+
+DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16}
+
+
+def param_dtype(name: str) -> torch.dtype:
+    if name not in DTYPES:
+        raise ValueError(f"the megatron engine trains in {', '.join(DTYPES)}; got dtype {name!r}")
+    return DTYPES[name]
+
+
+def transformer_config(
+    shape: ModelShape, cfg: MegatronConfig, dtype: torch.dtype, *, recompute: bool
+) -> TransformerConfig:
+    """Megatron's config for an HF decoder of ``shape``, numerically matching the HF model (no dropout)."""
+    tp = cfg.tensor_model_parallel_size
+    return TransformerConfig(
+        num_layers=shape.num_layers,
+        hidden_size=shape.hidden_size,
+        num_attention_heads=shape.num_heads,
+        num_query_groups=shape.num_kv_heads,
+        kv_channels=shape.head_dim,
+        ffn_hidden_size=shape.ffn_hidden_size,
+        normalization="RMSNorm",
+        layernorm_epsilon=shape.rms_norm_eps,
+        gated_linear_unit=True,
+        activation_func=F.silu,
+        add_bias_linear=False,
+        add_qkv_bias=shape.qkv_bias,
+        hidden_dropout=0.0,
+        attention_dropout=0.0,
+        init_method_std=shape.initializer_range,
+        params_dtype=dtype,
+        pipeline_dtype=dtype,
+        bf16=dtype == torch.bfloat16,
+        tensor_model_parallel_size=tp,
+        pipeline_model_parallel_size=cfg.pipeline_model_parallel_size,
+        sequence_parallel=cfg.sequence_parallel and tp > 1,
+        # Parameters are created on the host without random init and filled from the HF checkpoint
+        # before they move to the device, so no device memory or time goes to a throw-away init.
+        use_cpu_initialization=True,
+        perform_initialization=False,
+        # Micro-batches differ in length; pipeline stages exchange shapes before activations.
+        variable_seq_lengths=True,
+        moe_token_dispatcher_type="alltoall",
+        # The loss function divides by the global token count itself: Megatron must neither divide
+        # by the number of micro-batches nor average gradients over data-parallel ranks.
+        calculate_per_token_loss=True,
+        deallocate_pipeline_outputs=True,
+        recompute_granularity="full" if recompute else None,
+        recompute_method="uniform" if recompute else None,
+        recompute_num_layers=1 if recompute else None,
+    )
+
+
+def layer_spec(cfg: MegatronConfig):
+    if cfg.transformer_impl == "transformer_engine":
+        from megatron.core.models.gpt.gpt_layer_specs import get_gpt_layer_with_transformer_engine_spec
+
+        return get_gpt_layer_with_transformer_engine_spec()
+    from megatron.core.models.gpt.gpt_layer_specs import get_gpt_layer_local_spec
+
+    return get_gpt_layer_local_spec(normalization="RMSNorm")
+
+
+class ScalarHead(torch.nn.Module):
+    """A ``hidden -> 1`` projection in place of the vocabulary output layer (critic / reward model).
+
+    Called by ``GPTModel`` like its output layer: ``(hidden [s, b, h]) -> (values [s, b, 1], None)``.
+    With a bias for a critic (HF's ``...ForTokenClassification.score``), without for a reward model
+    (``...ForSequenceClassification.score``).
+    Its weight is replicated on every tensor-parallel rank; under sequence parallelism the sequence is
+    gathered first, with a backward that only splits (every rank computes the same values and loss).
+    """
+
+    def __init__(self, config: TransformerConfig, bias: bool):
+        super().__init__()
+        self.weight = torch.nn.Parameter(torch.empty(1, config.hidden_size, dtype=config.params_dtype))
+        self.bias = torch.nn.Parameter(torch.empty(1, dtype=config.params_dtype)) if bias else None
+        self.sequence_parallel = config.sequence_parallel
+
+    def forward(self, hidden: torch.Tensor, weight=None, runtime_gather_output=None):
+        if self.sequence_parallel:
+            hidden = tensor_parallel.gather_from_sequence_parallel_region(
+                hidden, tensor_parallel_output_grad=False
+            )
+        return F.linear(hidden, self.weight, self.bias), None
+
+
+def build_stage_model(
+    shape: ModelShape, cfg: MegatronConfig, config: TransformerConfig, *, head: str, first: bool, last: bool
+) -> GPTModel:
+    """This pipeline stage's GPT model on the host, parameters uninitialised (to be loaded)."""
+    lm = head == "lm"
+    model = GPTModel(
+        config=config,
+        transformer_layer_spec=layer_spec(cfg),
+        vocab_size=shape.padded_vocab_size,
+        max_sequence_length=shape.max_position_embeddings,
+        pre_process=first,
+        post_process=last,
+        parallel_output=True,
+        share_embeddings_and_output_weights=shape.tie_word_embeddings and lm,
+        position_embedding_type="rope",
+        rotary_base=shape.rope_theta,
+        rope_scaling=shape.rope_scaling_factor is not None,
+        rope_scaling_factor=shape.rope_scaling_factor or 8.0,
+    )
+    if last and not lm:
+        model.output_layer = ScalarHead(config, bias=head == "value")
+    return model
+
+
+def mark_tensor_parallel(model: GPTModel, maps: list[ParamMap], layer_offset: int) -> None:
+    """Tag tensor-parallel parameters as Megatron's own initialisation would.
+
+    ``perform_initialization=False`` skips Megatron's weight init and, with it, the attributes that
+    say which parameters are split over tensor-parallel ranks; without them the optimizer counts
+    only TP rank 0's part of each split weight in the global gradient norm.
+    """
+    by_name = {pm.mcore: pm for pm in maps}
+    for local_name, param in model.named_parameters():
+        pm = by_name.get(local_to_global(local_name, layer_offset))
+        if pm is not None and pm.tp_dim is not None and not hasattr(param, "tensor_model_parallel"):
+            tensor_parallel.set_tensor_model_parallel_attributes(param, True, pm.tp_dim, 1)
+
+
+def local_layers(model: GPTModel) -> list[int]:
+    """Global indices of the decoder layers on this stage (Megatron numbers them from 1)."""
+    return [layer.layer_number - 1 for layer in model.decoder.layers]

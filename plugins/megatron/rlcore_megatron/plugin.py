@@ -1,0 +1,12 @@
+"""Entry point of rlcore-megatron: registers the ``megatron`` train engine. Cheap to import (no torch)."""
+
+from rlcore import hookimpl
+
+from rlcore_megatron.config import MegatronConfig
+
+RLCORE_PLUGIN_API = 1
+
+
+@hookimpl
+def register_train_engines(register):
+    register("megatron", "rlcore_megatron.engine:MegatronEngine", config=MegatronConfig)

@@ -1,0 +1,78 @@
+"""Test-only: run megatron-core on a CPU-only machine by redirecting its unconditional CUDA calls.
+
+megatron-core (0.16 and later) allocates buffers with ``device=torch.cuda.current_device()`` or
+``device="cuda"``, calls ``.cuda()`` on tensors, and keeps its model-parallel RNG states in the CUDA
+generator (FINDINGS.md). Those calls are correct on every accelerator Megatron supports, so the shipped
+engine keeps them; CI has no accelerator, so this module sends them to the CPU inside the spawned
+test worker processes only (never the pytest process itself: it patches ``torch.cuda`` process-wide):
+
+* a :class:`torch.overrides.TorchFunctionMode` rewrites CUDA devices in tensor factories and
+  ``Tensor.to`` / ``Tensor.cuda`` / ``Tensor.pin_memory`` to the CPU;
+* ``Tensor.type()`` reports CPU tensors under their ``torch.cuda.*`` names, which Megatron's optimizers
+  check for;
+* ``torch.cuda.current_device`` answers 0 (which the mode maps to the CPU), and synchronisation and
+  cache calls do nothing;
+* Megatron's RNG tracker keeps CPU generator states instead of CUDA ones.
+
+Never import this from ``rlcore_megatron``: the benchmark imports it only under ``--tiny``.
+"""
+
+from __future__ import annotations
+
+import torch
+from torch.overrides import TorchFunctionMode
+
+_installed = False
+
+
+def _is_cuda(device) -> bool:
+    if isinstance(device, int) and not isinstance(device, bool):
+        return True  # a bare index means a CUDA device to torch
+    if isinstance(device, str):
+        return device.startswith("cuda")
+    return isinstance(device, torch.device) and device.type == "cuda"
+
+
+class _CudaToCpu(TorchFunctionMode):
+    def __torch_function__(self, func, types, args=(), kwargs=None):
+        kwargs = dict(kwargs or {})
+        if func is torch.Tensor.cuda or func is torch.Tensor.pin_memory:
+            return args[0]
+        if func is torch.Tensor.type and len(args) == 1 and not kwargs:
+            # Megatron's optimizers accept only "torch.cuda.*Tensor" type names.
+            name = func(*args)
+            return name if ".cuda." in name else name.replace("torch.", "torch.cuda.", 1)
+        if _is_cuda(kwargs.get("device")):
+            kwargs["device"] = "cpu"
+        if func is torch.Tensor.to:
+            args = tuple("cpu" if i > 0 and _is_cuda(a) else a for i, a in enumerate(args))
+        return func(*args, **kwargs)
+
+
+def _cpu_get_rng_state(device="cuda", clone=False, graph_safe=False):
+    return torch.get_rng_state()
+
+
+def _cpu_set_rng_state(new_state, device=-1, graph_safe=False):
+    torch.set_rng_state(new_state)
+
+
+def install() -> None:
+    """Redirect megatron-core's CUDA calls to the CPU in this process (idempotent)."""
+    global _installed
+    if _installed:
+        return
+    from megatron.core.tensor_parallel import random as mrandom
+
+    torch.cuda.current_device = lambda: 0
+    torch.cuda.synchronize = lambda *a, **k: None
+    torch.cuda.empty_cache = lambda: None
+    # torch.manual_seed itself calls torch.cuda.manual_seed_all: seed the CPU generator directly.
+    torch.cuda.manual_seed = torch.default_generator.manual_seed
+    torch.cuda.manual_seed_all = lambda seed: None
+    torch.cuda.get_rng_state = _cpu_get_rng_state
+    torch.cuda.set_rng_state = _cpu_set_rng_state
+    mrandom._get_cuda_rng_state = _cpu_get_rng_state
+    mrandom._set_cuda_rng_state = _cpu_set_rng_state
+    _CudaToCpu().__enter__()
+    _installed = True

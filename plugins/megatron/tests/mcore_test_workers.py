@@ -1,0 +1,160 @@
+"""Worker processes for the megatron engine tests (spawned by ``mcore_testlib.spawn``).
+
+Each worker installs the test-only CPU redirection, runs real ``MegatronEngine`` instances on gloo and
+saves what the tests check to ``out_dir/<scenario>_rank<r>.pt``. The tests compare against Hugging Face
+references computed in the pytest process.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+ADAM_EPS = 1e-3
+
+
+def _setup():
+    import warnings
+
+    import mcore_cpu_redirect
+    import torch
+
+    warnings.filterwarnings("ignore")
+    torch.set_num_threads(1)
+    mcore_cpu_redirect.install()
+
+
+def _engine(path, rank, world, port, *, tp=1, pp=1, dp_opt=True, **spec):
+    from rlcore.api import DistInfo, EngineSpec
+    from rlcore.devices import get_platform
+    from rlcore_megatron.config import MegatronConfig
+    from rlcore_megatron.engine import MegatronEngine
+
+    defaults = dict(lr=1e-3, weight_decay=0.01, grad_clip=1.0, micro_batch_size=2)
+    # A large Adam epsilon keeps the first step's update a smooth function of the gradient, so the
+    # comparison with HF's AdamW is not dominated by elements whose gradient is ~0.
+    cfg = MegatronConfig(
+        tensor_model_parallel_size=tp,
+        pipeline_model_parallel_size=pp,
+        use_distributed_optimizer=dp_opt,
+        adam_eps=ADAM_EPS,
+    )
+    return MegatronEngine(
+        EngineSpec(model_path=str(path), **{**defaults, **spec}),
+        cfg,
+        get_platform("cpu"),
+        DistInfo(rank=rank, world_size=world, master_port=port),
+    )
+
+
+def _export(engine):
+    """The weight stream in fp32, reassembled (small buckets: big tensors arrive split)."""
+    import torch
+    from rlcore.weights import assemble
+
+    return {name: t.clone() for name, t in assemble(engine.export_weights(torch.float32, 64 * 1024))}
+
+
+def _infer(engine, batch, outputs):
+    result = engine.infer(batch, outputs)
+    return None if result is None else dict(result.tensors)
+
+
+def world1(rank, world, port, qwen, llama, batches, work_dir):
+    """TP=1 in one process: numerics, a training step, checkpoints, offload, value head, Llama."""
+    _setup()
+    from mcore_testlib import nll_loss, value_loss
+
+    b1, b2, lb = batches
+    work = Path(work_dir)
+    r = {}
+    eng = _engine(qwen, rank, world, port, lr_schedule="cosine", total_steps=4)
+    r["export0"] = _export(eng)
+    r["infer0"] = _infer(eng, b1, ("log_probs", "entropy"))
+    r["metrics1"] = eng.train_step(b1, nll_loss)
+    r["export1"] = _export(eng)
+    eng.save_checkpoint(str(work / "ckpt"))
+
+    r["infer1"] = _infer(eng, b2, ("log_probs",))
+    eng.release(["weights", "grads", "optimizer"])
+    r["released_bytes"] = sum(p.untyped_storage().nbytes() for p in eng.module.parameters())
+    try:
+        eng.infer(b2, ("log_probs",))
+    except RuntimeError as exc:
+        r["released_error"] = str(exc)
+    eng.resume(["weights", "grads", "optimizer"])
+    r["infer1_resumed"] = _infer(eng, b2, ("log_probs",))
+    r["metrics2"] = eng.train_step(b2, nll_loss)
+    r["export2"] = _export(eng)
+
+    fresh = _engine(qwen, rank, world, port, lr_schedule="cosine", total_steps=4)
+    fresh.load_checkpoint(str(work / "ckpt"))
+    r["steps_reloaded"] = fresh.steps
+    r["metrics2_reloaded"] = fresh.train_step(b2, nll_loss)
+    r["export2_reloaded"] = _export(fresh)
+    fresh.export_hf(str(work / "hf_export"))
+    del eng, fresh
+
+    recompute = _engine(
+        qwen, rank, world, port, lr_schedule="cosine", total_steps=4, gradient_checkpointing=True
+    )
+    r["metrics1_recompute"] = recompute.train_step(b1, nll_loss)
+    r["export1_recompute"] = _export(recompute)
+    del recompute
+
+    critic = _engine(qwen, rank, world, port, head="value", seed=3)
+    r["values"] = _infer(critic, b1, ("values",))
+    r["critic_export0"] = _export(critic)
+    r["critic_metrics"] = critic.train_step(b1, value_loss)
+    r["critic_export1"] = _export(critic)
+    del critic
+
+    ref = _engine(llama, rank, world, port, trainable=False)
+    r["llama_export"] = _export(ref)
+    r["llama_infer"] = _infer(ref, lb, ("log_probs", "entropy"))
+    _save(r, work, "world1", rank)
+
+
+def world2(rank, world, port, qwen, llama, batches, work_dir):
+    """Two ranks, three layouts in turn: TP=2, PP=2, DP=2."""
+    _setup()
+    from mcore_testlib import nll_loss
+    from megatron.core import parallel_state as mpu
+
+    b1, _, lb = batches
+    work = Path(work_dir)
+    r = {}
+
+    eng = _engine(qwen, rank, world, port, tp=2)
+    r["tp2_holds"] = eng.holds_output()
+    r["tp2_dp"] = eng.dp_rank_and_size()
+    r["tp2_export0"] = _export(eng)
+    r["tp2_infer"] = _infer(eng, b1, ("log_probs", "entropy"))
+    r["tp2_metrics"] = eng.train_step(b1, nll_loss)
+    r["tp2_export1"] = _export(eng)
+    ref = _engine(llama, rank, world, port, tp=2, trainable=False)
+    r["tp2_llama_export"] = _export(ref)
+    r["tp2_llama_infer"] = _infer(ref, lb, ("log_probs", "entropy"))
+    del eng, ref
+    mpu.destroy_model_parallel()
+
+    eng = _engine(qwen, rank, world, port, pp=2)
+    r["pp2_holds"] = eng.holds_output()
+    r["pp2_export0"] = _export(eng)
+    r["pp2_infer"] = _infer(eng, b1, ("log_probs", "entropy"))
+    r["pp2_metrics"] = eng.train_step(b1, nll_loss)
+    r["pp2_export1"] = _export(eng)
+    del eng
+    mpu.destroy_model_parallel()
+
+    eng = _engine(qwen, rank, world, port)
+    dp_rank, dp_size = eng.dp_rank_and_size()
+    r["dp2_dp"] = (dp_rank, dp_size)
+    r["dp2_metrics"] = eng.train_step(b1.chunk(dp_size)[dp_rank], nll_loss)
+    r["dp2_export1"] = _export(eng)
+    _save(r, work, "world2", rank)
+
+
+def _save(results, work: Path, scenario: str, rank: int) -> None:
+    import torch
+
+    torch.save(results, work / f"{scenario}_rank{rank}.pt")
