@@ -133,6 +133,7 @@ def run_training(config: Any, *, console: Any = None) -> RunResult:
     began = time.perf_counter()
     stop_ray = _ray_started_by_us(config)
     trainer = None
+    failure: BaseException | None = None
     result = RunResult(ok=False)
     try:
         config, result.run_dir, text = prepare_run(config)
@@ -143,15 +144,18 @@ def run_training(config: Any, *, console: Any = None) -> RunResult:
         trainer.fit()
         result.ok = True
     except (Exception, KeyboardInterrupt) as exc:
-        result.error = _report_failure(exc, trainer, result.run_dir, console)
+        failure = exc
     finally:
         if trainer is not None:
-            result.history, result.steps = list(trainer.history), trainer.step
-            trainer.close()
+            result.history = list(trainer.history)
+            result.steps = max((int(r["step"]) for r in result.history), default=0)
+            trainer.close()  # the progress bar stops before the error is printed
         if stop_ray():
             from rlcore.controller.cluster import stop_ray as stop
 
             stop()
+    if failure is not None:
+        result.error = _report_failure(failure, trainer, result.run_dir, console)
     if result.run_dir is None:
         return result
     result.checkpoint = ckpt.latest_checkpoint(result.run_dir)
@@ -193,7 +197,9 @@ def _report_failure(exc: BaseException, trainer: Any, run_dir: Path | None, cons
         log = run_dir / ERROR_FILE
         log.write_text("".join(traceback.format_exception(exc)))
         console.print(f"full traceback: {log}", highlight=False)
-        if trainer is not None and trainer.step > 0:
+        from rlcore.controller.checkpoint import latest_checkpoint
+
+        if trainer is not None and latest_checkpoint(run_dir) is not None:
             console.print(
                 f"resume from the last checkpoint with trainer.experiment_name={run_dir.name} "
                 f"trainer.output_dir={run_dir.parent} (trainer.resume=auto)",
@@ -240,9 +246,14 @@ def _summary(result: RunResult, config: Any, seconds: float, console: Any) -> No
     lines = [
         f"{status}: {config.algorithm.name}, {result.steps}/{config.trainer.total_steps} steps in {_duration(seconds)}"
     ]
-    if result.val_reward_start is not None:
+    vals = [r for r in result.history if "val/reward" in r]
+    if len(vals) > 1:
         lines.append(
             f"  validation reward: {result.val_reward_start:.4f} at the start -> {result.val_reward_end:.4f} at the end"
+        )
+    elif vals:
+        lines.append(
+            f"  validation reward: {result.val_reward_start:.4f} at step {vals[0]['step']} (validated once)"
         )
     else:
         lines.append("  validation reward: no validation set (data.val_files)")

@@ -1,0 +1,217 @@
+"""The Trainer around the flows: checkpoint/resume equivalence, colocated memory release by phase,
+validation per data source, and the resume settings."""
+
+from __future__ import annotations
+
+import importlib.util
+import math
+from pathlib import Path
+
+import pytest
+import torch
+from rlcore.controller.checkpoint import latest_checkpoint
+from rlcore.controller.loggers import read_metrics
+from rlcore.controller.run import prepare_run
+from rlcore.controller.trainer import Trainer
+
+_spec = importlib.util.spec_from_file_location("trainer_task", Path(__file__).with_name("trainer_task.py"))
+task = importlib.util.module_from_spec(_spec)
+_spec.loader.exec_module(task)
+
+
+@pytest.fixture(autouse=True)
+def _one_torch_thread():
+    before = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(before)
+
+
+def make_trainer(root: Path, files: dict, tiny_model_path: Path, algorithm: str = "grpo", **extra) -> Trainer:
+    config = task.task_config(root, files, algorithm, model__path=tiny_model_path, **extra)
+    config, run_dir, text = prepare_run(config)
+    return Trainer(config, run_dir, config_yaml=text)
+
+
+def comparable(record: dict) -> dict:
+    """A step's metrics without wall-clock quantities."""
+    return {k: v for k, v in record.items() if not k.startswith(("timing/", "perf/")) and "seconds" not in k}
+
+
+# PPO with an adaptive in-reward KL and two mini-batches per step: the checkpoint must carry the actor's
+# and the critic's optimizer states, the KL coefficient, the data position and the sampling streams.
+RESUME_SETTINGS = {
+    "trainer__total_steps": 4,
+    "trainer__save_freq": 2,
+    "algorithm__use_kl_in_reward": "true",
+    "algorithm__kl_ctrl__type": "adaptive",
+    "algorithm__kl_ctrl__kl_coef": 0.05,
+    "algorithm__kl_ctrl__target_kl": 0.01,
+    "algorithm__kl_ctrl__horizon": 10,
+    "actor__ppo_mini_batch_size": 2,
+}
+
+
+def test_a_resumed_run_reproduces_the_uninterrupted_one(tmp_path, tiny_model_path):
+    files = task.write_task(tmp_path / "task")
+    straight = make_trainer(
+        tmp_path, files, tiny_model_path, "ppo", trainer__experiment_name="straight", **RESUME_SETTINGS
+    )
+    try:
+        expected = straight.fit()
+    finally:
+        straight.close()
+
+    # The interrupted run checkpoints at step 2, finishes step 3, and dies before saving again.
+    killed = make_trainer(
+        tmp_path, files, tiny_model_path, "ppo", trainer__experiment_name="killed", **RESUME_SETTINGS
+    )
+    try:
+        killed.fit(num_steps=3)
+        assert killed.step == 3
+    finally:
+        killed.close()
+    run_dir = tmp_path / "runs" / "killed"
+    assert latest_checkpoint(run_dir).name == "step_2"
+    assert [r["step"] for r in read_metrics(run_dir / "metrics.jsonl")] == [0, 1, 2, 3]
+
+    resumed = make_trainer(
+        tmp_path, files, tiny_model_path, "ppo", trainer__experiment_name="killed", **RESUME_SETTINGS
+    )
+    try:
+        assert resumed.resumed_from.name == "step_2" and resumed.step == 2
+        got = resumed.fit()
+    finally:
+        resumed.close()
+
+    assert [r["step"] for r in got] == [r["step"] for r in expected] == [0, 1, 2, 3, 4]
+    for want, have in zip(expected, got, strict=True):
+        want, have = comparable(want), comparable(have)
+        assert want.keys() == have.keys()
+        for key in want:
+            assert math.isclose(have[key], want[key], rel_tol=1e-5, abs_tol=1e-6), (want["step"], key)
+    # The KL coefficient adapted, and the resumed run continued from the saved value.
+    coefs = [r["actor/reward_kl_penalty_coeff"] for r in got if r["step"] > 0]
+    assert coefs[0] == pytest.approx(0.05) and len(set(coefs)) == 4
+    # metrics.jsonl lost the killed run's unsaved step 3: every step appears once.
+    assert [r["step"] for r in read_metrics(run_dir / "metrics.jsonl")] == [0, 1, 2, 3, 4]
+    names = sorted(p.name for p in (run_dir / "checkpoints").iterdir())
+    assert names == ["latest", "step_2", "step_4"]
+    assert sorted(p.name for p in (run_dir / "checkpoints" / "step_4").iterdir()) == [
+        "actor",
+        "config.yaml",
+        "critic",
+        "trainer_state.pt",
+    ]
+
+
+def test_resume_disable_starts_afresh(tmp_path, tiny_model_path):
+    files = task.write_task(tmp_path / "task")
+    first = make_trainer(tmp_path, files, tiny_model_path, trainer__total_steps=1)
+    first.fit()
+    first.close()
+    again = make_trainer(tmp_path, files, tiny_model_path, trainer__total_steps=1, trainer__resume="disable")
+    try:
+        assert again.resumed_from is None and again.step == 0
+    finally:
+        again.close()
+    explicit = make_trainer(
+        tmp_path,
+        files,
+        tiny_model_path,
+        trainer__total_steps=2,
+        trainer__resume=str(tmp_path / "runs" / "run" / "checkpoints" / "step_1"),
+    )
+    try:
+        assert explicit.step == 1
+    finally:
+        explicit.close()
+
+
+def engine(role) -> object:
+    """The engine of a local role's only worker."""
+    return role.group.workers[0].engine
+
+
+def spy(trainer: Trainer, seen: list) -> None:
+    """Record which tags each engine has released whenever the rollout generates or the actor trains."""
+    rollout, actor = trainer.ctx.rollout, trainer.roles["actor"]
+    engines = {"rollout": engine(rollout), **{n: engine(r) for n, r in trainer.roles.items()}}
+
+    def snapshot(phase):
+        seen.append((phase, {name: set(e.released) for name, e in engines.items()}))
+
+    generate, train = rollout.generate, actor.train
+
+    def spy_generate(*args, **kwargs):
+        snapshot("generate")
+        return generate(*args, **kwargs)
+
+    def spy_train(*args, **kwargs):
+        snapshot("train")
+        return train(*args, **kwargs)
+
+    rollout.generate, actor.train = spy_generate, spy_train
+
+
+def test_colocated_roles_release_memory_around_each_phase(tmp_path, tiny_model_path):
+    files = task.write_task(tmp_path / "task")
+    trainer = make_trainer(
+        tmp_path,
+        files,
+        tiny_model_path,
+        trainer__total_steps=2,
+        trainer__release_train_in_rollout="true",
+        trainer__val_before_train="false",
+    )
+    seen: list = []
+    spy(trainer, seen)
+    try:
+        trainer.fit()
+    finally:
+        trainer.close()
+    generating = [state for phase, state in seen if phase == "generate"]
+    training = [state for phase, state in seen if phase == "train"]
+    assert generating and training
+    for state in generating:  # step generations, validation and post-sync probes
+        assert state["rollout"] == set()
+        assert state["reference"] == {"weights"}
+        assert state["actor"] in ({"weights", "grads", "optimizer"}, {"grads", "optimizer"})
+    assert any(state["actor"] == {"weights", "grads", "optimizer"} for state in generating)
+    for state in training:
+        assert state == {"rollout": {"weights", "kv_cache"}, "actor": set(), "reference": set()}
+
+
+def test_split_placement_releases_nothing(tmp_path, tiny_model_path):
+    files = task.write_task(tmp_path / "task")
+    trainer = make_trainer(
+        tmp_path,
+        files,
+        tiny_model_path,
+        trainer__total_steps=1,
+        trainer__placement="split",
+        trainer__release_train_in_rollout="true",
+    )
+    seen: list = []
+    spy(trainer, seen)
+    try:
+        trainer.fit()
+    finally:
+        trainer.close()
+    assert seen and all(not tags for _, state in seen for tags in state.values())
+
+
+def test_validation_reports_the_mean_reward_per_data_source(tmp_path, tiny_model_path):
+    files = task.write_task(tmp_path / "task")  # 6 validation prompts from test/digits, 2 from test/other
+    trainer = make_trainer(tmp_path, files, tiny_model_path, trainer__total_steps=1, rollout__val_n=2)
+    try:
+        metrics = trainer.validate()
+        again = trainer.validate()
+    finally:
+        trainer.close()
+    digits, other = metrics["val/reward/test/digits"], metrics["val/reward/test/other"]
+    assert metrics["val/reward"] == pytest.approx((6 * digits + 2 * other) / 8)
+    assert 0 <= other <= 1 and 0 <= digits <= 1
+    # Greedy decoding (val_temperature=0) with unchanged weights gives the same answers.
+    assert again["val/reward"] == metrics["val/reward"]
+    assert metrics["val/response_length/mean"] > 0
