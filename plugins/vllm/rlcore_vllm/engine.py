@@ -67,16 +67,20 @@ class VLLMRollout(RolloutEngine):
         self.dtype = _DTYPES[spec.dtype]
         self.sleep_mode = sleep_mode_supported()
         self._loop = EngineLoop(lambda: _build_llm(spec, config, self.sleep_mode))
-        model_config = self._loop.llm.llm_engine.model_config
-        self.vocab_size: int = model_config.get_vocab_size()
-        self.max_model_len: int = model_config.max_model_len
-        with self._loop.exclusive() as llm:
-            packed = llm.collective_rpc("rlcore_packed_modules")[0]
-            vllm_config = llm.llm_engine.vllm_config
+        self._closed = False
+        try:
+            with self._loop.exclusive() as llm:
+                packed = llm.collective_rpc("rlcore_packed_modules")[0]
+                vllm_config = llm.llm_engine.vllm_config
+            self.weights = ModelWeights.from_pretrained(spec.model_path, packed)
+        except BaseException:
+            self.shutdown()
+            raise
+        self.vocab_size: int = vllm_config.model_config.get_vocab_size()
+        self.max_model_len: int = vllm_config.model_config.max_model_len
         #: Tokens per KV-cache block; the prefix cache reuses whole blocks only.
         self.kv_block_size: int = vllm_config.cache_config.block_size
         backend = vllm_config.parallel_config.distributed_executor_backend
-        self.weights = ModelWeights.from_pretrained(spec.model_path, packed)
         # With the engine core and its one worker in this process, collective_rpc calls the worker
         # directly: the stream can be handed over as an iterator and never held whole.
         self.streams_weights = config.in_process and backend == "uni"
@@ -109,7 +113,12 @@ class VLLMRollout(RolloutEngine):
         futures: list[Future] = [
             self._loop.submit(row, to_vllm(params, seed)) for seed in request_seeds(params, 0)
         ]
-        outputs = await asyncio.gather(*(asyncio.wrap_future(f) for f in futures))
+        try:
+            outputs = await asyncio.gather(*(asyncio.wrap_future(f) for f in futures))
+        except BaseException:
+            for f in futures:  # a failed or cancelled sample takes its siblings with it
+                f.cancel()
+            raise
         return [to_completion(row, out) for out in outputs]
 
     def _check_request(self, prompts: Sequence[Sequence[int]], params: SamplingParams) -> list[list[int]]:
@@ -194,7 +203,10 @@ class VLLMRollout(RolloutEngine):
             yield llm
 
     def shutdown(self) -> None:
-        """Stop the engine thread and vLLM's engine core (and its processes, if any)."""
+        """Stop the engine thread and vLLM's engine core (and its processes, if any). Idempotent."""
+        if self._closed:
+            return
+        self._closed = True
         self._loop.close()
         self._loop.llm.llm_engine.engine_core.shutdown()
 
