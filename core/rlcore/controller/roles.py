@@ -1,0 +1,296 @@
+"""Role handles: what an algorithm's control flow calls, whatever runs the workers.
+
+:class:`TrainRole` (actor, critic, reference, reward model) and :class:`RolloutRole` wrap a
+:class:`~rlcore.controller.group.WorkerGroup` (local or Ray) and speak in whole batches: they split work
+over data-parallel ranks or rollout replicas and join the results. :func:`sync_weights` moves the
+actor's weights into every rollout engine.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Sequence
+from typing import Any
+
+import torch
+
+from rlcore.api import Batch, Completion, EngineSpec, LossFn, RolloutSpec, SamplingParams
+from rlcore.controller.group import LocalGroup, WorkerGroup, wait_all
+from rlcore.controller.placement import PoolSlot
+
+TRAIN_STATE_TAGS = ("weights", "grads", "optimizer")
+ROLLOUT_STATE_TAGS = ("weights", "kv_cache")
+
+
+def _mean_metrics(results: Sequence[dict[str, float]]) -> dict[str, float]:
+    """Key-wise mean of metric dicts (keys missing from some dicts average over those that have them)."""
+    sums: dict[str, float] = {}
+    counts: dict[str, int] = {}
+    for metrics in results:
+        for key, value in metrics.items():
+            sums[key] = sums.get(key, 0.0) + float(value)
+            counts[key] = counts.get(key, 0) + 1
+    return {key: sums[key] / counts[key] for key in sums}
+
+
+class TrainRole:
+    """One train-engine role (``name``: ``actor``, ``critic``, ``reference`` ...) over its group."""
+
+    def __init__(self, name: str, group: WorkerGroup):
+        self.name, self.group = name, group
+
+    @property
+    def world_size(self) -> int:
+        return self.group.world_size
+
+    @property
+    def dp_size(self) -> int:
+        return self.group.dp_size
+
+    def infer(self, batch: Batch, outputs: Sequence[str] = ("log_probs",)) -> Batch:
+        """Forward only: ``outputs`` (``log_probs [B, R]``, ``entropy``, ``values``, ``scores [B]``) for
+        every row of ``batch``, in the batch's order."""
+        if len(batch) == 0:
+            raise ValueError(f"{self.name}.infer got an empty batch")
+        result = Batch.concat(self.group.dispatch("infer", batch, tuple(outputs)))
+        if len(result) != len(batch):
+            raise RuntimeError(
+                f"{self.name}.infer returned {len(result)} rows for a batch of {len(batch)}: an engine dropped "
+                f"or duplicated rows (check its holds_output() / dp_rank_and_size())"
+            )
+        return result
+
+    def train(
+        self,
+        batch: Batch,
+        loss_fn: LossFn,
+        *,
+        mini_batch_size: int | None = None,
+        epochs: int = 1,
+        shuffle_seed: int | None = None,
+    ) -> dict[str, float]:
+        """``epochs`` passes over ``batch`` in mini-batches of ``mini_batch_size`` sequences (``None``:
+        the whole batch), one optimizer step each. Before each step the mini-batch's ``meta`` gets
+        ``global_tokens`` (its ``response_mask.sum()`` over all DP ranks) and ``global_sequences`` (its
+        rows), by which ``loss_fn`` normalises. ``shuffle_seed``: rows are permuted per epoch (seeded
+        with ``shuffle_seed + epoch``). Returns the engine's metrics (its keys) averaged over ranks, then
+        over the steps."""
+        if len(batch) == 0:
+            raise ValueError(f"{self.name}.train got an empty batch")
+        if "response_mask" not in batch.tensors:
+            raise KeyError(
+                f"{self.name}.train needs batch['response_mask'] [B, R] to count the tokens losses are "
+                f"normalised by; the batch has {sorted(batch.tensors)}"
+            )
+        size = len(batch) if mini_batch_size is None else int(mini_batch_size)
+        if size < 1 or epochs < 1:
+            raise ValueError(
+                f"{self.name}.train: mini_batch_size and epochs must be >= 1, got {size}, {epochs}"
+            )
+        steps: list[dict[str, float]] = []
+        for epoch in range(epochs):
+            data = batch
+            if shuffle_seed is not None:
+                order = torch.randperm(
+                    len(batch), generator=torch.Generator().manual_seed(shuffle_seed + epoch)
+                )
+                data = batch.index(order)
+            for mini in data.split(size):
+                mini.meta["global_tokens"] = int(mini["response_mask"].sum())
+                mini.meta["global_sequences"] = len(mini)
+                steps.append(_mean_metrics(self.group.dispatch("train_step", mini, loss_fn)))
+        return _mean_metrics(steps)
+
+    def release(self, tags: Sequence[str] = TRAIN_STATE_TAGS) -> None:
+        """Move state named by ``tags`` off the devices (colocated roles time-share them)."""
+        self.group.call_all("release", tuple(tags))
+
+    def resume(self, tags: Sequence[str] = TRAIN_STATE_TAGS) -> None:
+        self.group.call_all("resume", tuple(tags))
+
+    def save_checkpoint(self, path: str) -> None:
+        """Every rank writes its part under directory ``path`` (the engine's layout)."""
+        self.group.call_all("save_checkpoint", str(path))
+
+    def load_checkpoint(self, path: str) -> None:
+        self.group.call_all("load_checkpoint", str(path))
+
+    def export_hf(self, path: str) -> None:
+        """A Hugging Face model folder at ``path`` (written by the engine's designated rank)."""
+        self.group.call_all("export_hf", str(path))
+
+    def memory_stats(self) -> list[dict[str, float]]:
+        """Device memory of each rank."""
+        return self.group.call_all("memory_stats")
+
+    def shutdown(self) -> None:
+        self.group.shutdown()
+
+
+class RolloutRole:
+    """The rollout engines: prompts are split over replicas, results kept in prompt order."""
+
+    name = "rollout"
+
+    def __init__(self, group: WorkerGroup):
+        self.group = group
+        #: transports whose collective group this role's engines joined, with the sender group
+        self._joined: set[tuple[str, int]] = set()
+
+    @property
+    def num_engines(self) -> int:
+        return self.group.world_size
+
+    def generate(self, prompts: Sequence[Sequence[int]], params: SamplingParams) -> list[list[Completion]]:
+        """``result[i]`` holds ``params.n`` completions of ``prompts[i]``."""
+        parts = self.group.dispatch("generate", [list(p) for p in prompts], params)
+        out = [completions for part in parts for completions in part]
+        if len(out) != len(prompts):
+            raise RuntimeError(f"rollout returned {len(out)} results for {len(prompts)} prompts")
+        return out
+
+    def release(self, tags: Sequence[str] = ROLLOUT_STATE_TAGS) -> None:
+        self.group.call_all("release", tuple(tags))
+
+    def resume(self, tags: Sequence[str] = ROLLOUT_STATE_TAGS) -> None:
+        self.group.call_all("resume", tuple(tags))
+
+    def memory_stats(self) -> list[dict[str, float]]:
+        return self.group.call_all("memory_stats")
+
+    def shutdown(self) -> None:
+        self.group.shutdown()
+
+
+def resolve_transport_name(name: str, actor: TrainRole, rollout: RolloutRole) -> str:
+    """``auto``: ``inprocess`` when both roles live in this process (local backend), else ``ray``."""
+    if name != "auto":
+        return name
+    local = isinstance(actor.group, LocalGroup) and isinstance(rollout.group, LocalGroup)
+    return "inprocess" if local else "ray"
+
+
+def sync_weights(actor: TrainRole, rollout: RolloutRole, transport: Any, dtype: str) -> dict[str, float]:
+    """Push ``actor``'s weights (in ``dtype``) into every rollout engine through ``transport`` (a
+    ``transport:`` config: ``name``, ``bucket_bytes`` ...).
+
+    One actor rank sends (the rank holding DP rank 0's outputs; the other ranks join the export's
+    collectives). A transport with a handle (``inprocess``, ``ray``) sends first, then every engine
+    loads from the handle; a collective one (``broadcast``: it has ``init_group``) has the sender and
+    all receivers run at once, after they joined its group on the first sync.
+
+    Returns ``sync/seconds`` (wall time of the whole sync, driver's view), ``sync/bytes``,
+    ``sync/buckets``, ``sync/send_seconds`` and the slowest engine's ``sync/receive_seconds`` and
+    ``sync/load_seconds``.
+    """
+    from rlcore.plugins import registry
+
+    name = resolve_transport_name(getattr(transport, "name", "auto") or "auto", actor, rollout)
+    transport_cls = registry("weight_transports").get(name)
+    sender = actor.group.output_ranks[0]
+    start = time.perf_counter()
+    if hasattr(transport_cls, "init_group"):
+        if isinstance(actor.group, LocalGroup) or isinstance(rollout.group, LocalGroup):
+            raise ValueError(
+                f"weight transport {name!r} streams through a collective, so its sender and receivers must "
+                f"run at the same time in different processes; with trainer.backend=local use "
+                f"transport.name=inprocess"
+            )
+        _join_weight_group(actor, rollout, name, transport, sender)
+        sent, received = wait_all(
+            [
+                actor.group.call_all_async("send_weights", name, transport, dtype, sender),
+                rollout.group.call_all_async("receive_weights", name, transport, None),
+            ]
+        )
+    else:
+        sent = actor.group.call_all("send_weights", name, transport, dtype, sender)
+        received = rollout.group.call_all("receive_weights", name, transport, sent[sender][0])
+    seconds = time.perf_counter() - start
+    send_stats = sent[sender][1]
+    metrics = {
+        "sync/seconds": seconds,
+        "sync/bytes": float(send_stats.get("sync/bytes", 0.0)),
+        "sync/buckets": float(send_stats.get("sync/buckets", 0.0)),
+        "sync/send_seconds": float(send_stats.get("sync/seconds", 0.0)),
+    }
+    for key in ("sync/receive_seconds", "sync/load_seconds"):
+        values = [r[key] for r in received if key in r]
+        if values:
+            metrics[key] = max(values)
+    return metrics
+
+
+def _join_weight_group(
+    actor: TrainRole, rollout: RolloutRole, name: str, transport: Any, sender: int
+) -> None:
+    """First sync over a collective transport: the sender and every engine form its group."""
+    key = (name, id(actor.group))
+    if key in rollout._joined:
+        return
+    master_addr = actor.group.ping()[sender].get("node_ip") or "127.0.0.1"
+    port = actor.group.call_rank(sender, "free_port")
+    world_size = 1 + rollout.group.world_size
+    wait_all(
+        [
+            actor.group.call_all_async(
+                "join_weight_group", name, transport, sender, world_size, master_addr, port
+            ),
+            rollout.group.call_all_async("join_weight_group", name, transport, world_size, master_addr, port),
+        ]
+    )
+    rollout._joined.add(key)
+
+
+def make_train_role(
+    name: str,
+    engine_name: str,
+    spec: EngineSpec,
+    engine_config: Any = None,
+    *,
+    world_size: int = 1,
+    backend: str = "ray",
+    slot: PoolSlot | None = None,
+    device: str = "auto",
+    **ray_options: Any,
+) -> TrainRole:
+    """A train role on ``backend`` (``ray``: actors in ``slot``; ``local``: in this process)."""
+    if backend == "local":
+        return TrainRole(
+            name,
+            LocalGroup.train(name, engine_name, spec, engine_config, world_size=world_size, device=device),
+        )
+    if backend != "ray":
+        raise ValueError(f"trainer.backend must be 'ray' or 'local', got {backend!r}")
+    from rlcore.controller.ray_group import RayGroup
+
+    group = RayGroup.train(
+        name, engine_name, spec, engine_config, world_size=world_size, slot=slot, device=device, **ray_options
+    )
+    return TrainRole(name, group)
+
+
+def make_rollout_role(
+    engine_name: str,
+    spec: RolloutSpec,
+    engine_config: Any = None,
+    *,
+    num_engines: int = 1,
+    backend: str = "ray",
+    slot: PoolSlot | None = None,
+    device: str = "auto",
+    **ray_options: Any,
+) -> RolloutRole:
+    """The rollout role on ``backend`` with ``num_engines`` replicas."""
+    if backend == "local":
+        return RolloutRole(
+            LocalGroup.rollout(engine_name, spec, engine_config, num_engines=num_engines, device=device)
+        )
+    if backend != "ray":
+        raise ValueError(f"trainer.backend must be 'ray' or 'local', got {backend!r}")
+    from rlcore.controller.ray_group import RayGroup
+
+    group = RayGroup.rollout(
+        engine_name, spec, engine_config, num_engines=num_engines, slot=slot, device=device, **ray_options
+    )
+    return RolloutRole(group)

@@ -1,0 +1,384 @@
+"""Workers: one engine rank (or rollout replica) each, in whatever process hosts them.
+
+A worker class is a plain Python class. :class:`~rlcore.controller.group.LocalGroup` constructs it in
+the driver process (``trainer.backend=local``); :class:`~rlcore.controller.group.RayGroup` wraps it with
+``ray.remote`` so each instance is a Ray actor. Either way the worker resolves its platform and its
+engine class from the registries **in its own process**, so plugins load in every Ray worker the same
+way they load on the driver.
+
+One role per class: :class:`TrainWorker` hosts a train-engine rank (actor, critic, reference, reward
+model are engine configurations), :class:`RolloutWorker` a rollout replica.
+
+Every public method that fails raises :class:`~rlcore.controller.failures.WorkerError` naming the role,
+rank and method. Groups call methods through :meth:`call`, which also carries batches across Ray without
+pickling tensors (:mod:`rlcore.controller.wire`) and records how long each method took (``timings``).
+"""
+
+from __future__ import annotations
+
+import functools
+import os
+import socket
+import sys
+import time
+import traceback
+from collections.abc import Sequence
+from typing import Any
+
+from rlcore.api import Batch, Completion, DistInfo, EngineSpec, RolloutSpec, SamplingParams
+from rlcore.controller.failures import WorkerError
+from rlcore.controller.wire import from_wire, to_wire
+
+#: Where a worker process is: what :meth:`ping` returns, and what a failure report quotes.
+WorkerInfo = dict[str, Any]
+
+
+def reports_phase(method):
+    """Re-raise any exception of ``method`` as a :class:`WorkerError` naming role, rank and method."""
+
+    @functools.wraps(method)
+    def wrapper(self, *args, **kwargs):
+        try:
+            return method(self, *args, **kwargs)
+        except WorkerError:
+            raise
+        except Exception as exc:
+            raise WorkerError(
+                getattr(self, "role", type(self).__name__),
+                getattr(self, "rank", -1),
+                method.__name__,
+                f"{type(exc).__name__}: {exc}",
+                traceback.format_exc(),
+            ) from exc
+
+    return wrapper
+
+
+def _stream_path(fd: int) -> str | None:
+    """The file behind ``fd`` (Ray points worker stdout/stderr at per-worker log files), if a file."""
+    try:
+        path = os.readlink(f"/proc/self/fd/{fd}")
+    except OSError:  # no /proc (macOS) or closed fd
+        return None
+    return path if os.path.isfile(path) else None
+
+
+def _ray_identity() -> dict[str, Any]:
+    """Ray node, placement group and resources of this process (``None`` outside a Ray worker)."""
+    identity = {"node_id": None, "node_ip": None, "placement_group": None, "resources": None}
+    if "ray" not in sys.modules:
+        return identity
+    import ray
+
+    if not ray.is_initialized():
+        return identity
+    context = ray.get_runtime_context()
+    identity.update(node_id=context.get_node_id(), node_ip=ray.util.get_node_ip_address())
+    try:  # only a worker process has these
+        identity.update(
+            placement_group=context.get_placement_group_id(), resources=context.get_assigned_resources()
+        )
+    except Exception:
+        pass
+    return identity
+
+
+def free_port() -> int:
+    """A TCP port free on this host right now (for a process group's rendezvous)."""
+    with socket.socket() as s:
+        s.bind(("", 0))
+        return s.getsockname()[1]
+
+
+def where_am_i(role: str, rank: int) -> WorkerInfo:
+    """Role, rank, host, pid, Ray node and the files holding this process's stdout/stderr."""
+    return {
+        "role": role,
+        "rank": rank,
+        "hostname": socket.gethostname(),
+        "pid": os.getpid(),
+        **_ray_identity(),
+        "stdout_path": _stream_path(1),
+        "stderr_path": _stream_path(2),
+    }
+
+
+class Worker:
+    """What every worker has: identity, :meth:`call`, :meth:`ping`, per-method timings.
+
+    A worker class subclasses it, calls :meth:`_start` first in ``__init__``, and provides
+    ``topology() -> (dp_rank, dp_size, holds_output)`` for its group.
+    """
+
+    role: str
+    rank: int
+
+    def _start(self, role: str, rank: int) -> None:
+        self.role, self.rank = role, rank
+        #: method name -> seconds its last call took inside this worker
+        self.timings: dict[str, float] = {}
+        #: weight transports by name, kept between syncs (a collective one holds a process group)
+        self._transports: dict[str, Any] = {}
+        # Ray captures worker output into log files; line-buffer it so a crash loses no printed line.
+        for stream in (sys.stdout, sys.stderr):
+            reconfigure = getattr(stream, "reconfigure", None)
+            if reconfigure is not None:
+                try:
+                    reconfigure(line_buffering=True)
+                except (ValueError, OSError):  # not a text stream we may reconfigure
+                    pass
+
+    def call(self, method: str, *args: Any, **kwargs: Any) -> Any:
+        """Run public ``method`` with arguments that may be wire-packed; pack a :class:`Batch` result.
+        Any exception becomes a :class:`WorkerError` naming role, rank and ``method``."""
+        if method.startswith("_") or not callable(getattr(self, method, None)):
+            raise WorkerError(self.role, self.rank, method, f"{type(self).__name__} has no method {method!r}")
+        args = tuple(from_wire(a) for a in args)
+        kwargs = {k: from_wire(v) for k, v in kwargs.items()}
+        start = time.perf_counter()
+        out = reports_phase(getattr(type(self), method))(self, *args, **kwargs)
+        self.timings[method] = time.perf_counter() - start
+        return to_wire(out)
+
+    def ping(self) -> WorkerInfo:
+        """Role, rank, host, pid, Ray node and the files holding this worker's stdout/stderr."""
+        return where_am_i(self.role, self.rank)
+
+    def free_port(self) -> int:
+        """A free TCP port on this worker's host (rendezvous of a weight-transport group)."""
+        return free_port()
+
+    def _transport(self, name: str, config: Any) -> Any:
+        """This worker's instance of weight transport ``name`` (kept: some hold a process group)."""
+        from rlcore.transports import build_transport
+
+        if name not in self._transports:
+            self._transports[name] = build_transport(transport_config_for(name, config), self.platform)
+        return self._transports[name]
+
+    def _close_transports(self) -> None:
+        transports, self._transports = self._transports, {}
+        for transport in transports.values():
+            close = getattr(transport, "close", None)
+            if callable(close):
+                close()
+
+    def last_timings(self) -> dict[str, float]:
+        """Seconds the last call of each method took inside this worker (benchmarks read this)."""
+        return dict(self.timings)
+
+
+def _engine_config(entry: Any, engine_cls: type, config: Any) -> Any:
+    """``config`` as given, or the engine's config class with its defaults when ``None``."""
+    if config is not None:
+        return config
+    config_cls = entry.options.get("config") or getattr(engine_cls, "config_class", None)
+    return config_cls() if config_cls is not None else None
+
+
+class TrainWorker(Worker):
+    """Hosts one rank of a :class:`~rlcore.api.TrainEngine` for role ``role`` (actor, critic, ...).
+
+    The engine rendezvous its process group at ``dist.master_addr:master_port`` (the group chose them).
+    """
+
+    @reports_phase
+    def __init__(
+        self,
+        role: str,
+        engine_name: str,
+        spec: EngineSpec,
+        engine_config: Any = None,
+        dist: DistInfo | None = None,
+        device: str = "auto",
+    ):
+        from rlcore.devices import get_platform
+        from rlcore.plugins import registry
+
+        dist = dist or DistInfo()
+        self._start(role, dist.rank)
+        self.dist = dist
+        self.platform = get_platform(device)
+        entry = registry("train_engines").entry(engine_name)
+        engine_cls = entry.load()
+        self.engine = engine_cls(spec, _engine_config(entry, engine_cls, engine_config), self.platform, dist)
+
+    @reports_phase
+    def topology(self) -> tuple[int, int, bool]:
+        """``(dp_rank, dp_size, holds_output)``: which shard this rank gets, and whether it returns results."""
+        dp_rank, dp_size = self.engine.dp_rank_and_size()
+        return int(dp_rank), int(dp_size), bool(self.engine.holds_output())
+
+    @reports_phase
+    def train_step(self, batch: Batch, loss_fn: Any) -> dict[str, float]:
+        return self.engine.train_step(batch, loss_fn)
+
+    @reports_phase
+    def infer(self, batch: Batch, outputs: Sequence[str] = ("log_probs",)) -> Batch | None:
+        return self.engine.infer(batch, tuple(outputs))
+
+    @reports_phase
+    def join_weight_group(
+        self,
+        transport: str,
+        transport_config: Any,
+        sender_rank: int,
+        world_size: int,
+        master_addr: str,
+        port: int,
+    ) -> None:
+        """Join a collective transport's group as its sender (rank 0) if this is ``sender_rank``;
+        the other ranks of the role take no part in it."""
+        if self.rank == sender_rank:
+            self._transport(transport, transport_config).init_group(0, world_size, master_addr, port)
+
+    @reports_phase
+    def send_weights(
+        self, transport: str, transport_config: Any, dtype: str, sender_rank: int | None = None
+    ) -> tuple[Any, dict[str, float]]:
+        """Export the full weights in ``dtype`` and send them with transport ``transport``.
+
+        Every rank iterates the export (it may run collectives). Rank ``sender_rank`` (default: every
+        rank that holds outputs) sends and returns ``(handle, stats)``; the others return ``(None, {})``.
+        """
+        import torch
+
+        torch_dtype = getattr(torch, dtype, None)
+        if not isinstance(torch_dtype, torch.dtype):
+            raise ValueError(f"dtype {dtype!r} is not a torch dtype name (float32, bfloat16, float16)")
+        sends = self.engine.holds_output() if sender_rank is None else self.rank == sender_rank
+        config = transport_config_for(transport, transport_config)
+        buckets = self.engine.export_weights(torch_dtype, int(config.bucket_bytes))
+        if not sends:
+            for _ in buckets:  # join the export's collectives; this rank sends nothing
+                pass
+            return None, {}
+        sender = self._transport(transport, config)
+        handle = sender.send(buckets)
+        return handle, dict(getattr(sender, "last_stats", {}))
+
+    @reports_phase
+    def release(self, tags: Sequence[str]) -> None:
+        self.engine.release(list(tags))
+        self.platform.empty_cache()
+
+    @reports_phase
+    def resume(self, tags: Sequence[str]) -> None:
+        self.engine.resume(list(tags))
+
+    @reports_phase
+    def save_checkpoint(self, path: str) -> None:
+        self.engine.save_checkpoint(path)
+
+    @reports_phase
+    def load_checkpoint(self, path: str) -> None:
+        self.engine.load_checkpoint(path)
+
+    @reports_phase
+    def export_hf(self, path: str) -> None:
+        self.engine.export_hf(path)
+
+    @reports_phase
+    def memory_stats(self) -> dict[str, float]:
+        return self.platform.memory_stats()
+
+    @reports_phase
+    def shutdown(self) -> None:
+        """Let the engine close what it opened (process groups) before the process goes away."""
+        self._close_transports()
+        close = getattr(self.engine, "close", None)
+        if callable(close):
+            close()
+
+
+class RolloutWorker(Worker):
+    """Hosts one :class:`~rlcore.api.RolloutEngine` replica (which may itself span several devices).
+
+    ``replica``/``num_replicas`` place it among its role's replicas (its rank in failure reports).
+    """
+
+    @reports_phase
+    def __init__(
+        self,
+        engine_name: str,
+        spec: RolloutSpec,
+        engine_config: Any = None,
+        device: str = "auto",
+        replica: int = 0,
+        num_replicas: int = 1,
+    ):
+        from rlcore.devices import get_platform
+        from rlcore.plugins import registry
+
+        self._start("rollout", replica)
+        self.num_replicas = num_replicas
+        self.platform = get_platform(device)
+        entry = registry("rollout_engines").entry(engine_name)
+        engine_cls = entry.load()
+        self.engine = engine_cls(spec, _engine_config(entry, engine_cls, engine_config), self.platform)
+
+    @reports_phase
+    def topology(self) -> tuple[int, int, bool]:
+        """Every replica generates for its own share of prompts and returns its results."""
+        return self.rank, self.num_replicas, True
+
+    @reports_phase
+    def generate(self, prompts: list[list[int]], params: SamplingParams) -> list[list[Completion]]:
+        return self.engine.generate(prompts, params)
+
+    @reports_phase
+    def join_weight_group(
+        self, transport: str, transport_config: Any, world_size: int, master_addr: str, port: int
+    ) -> None:
+        """Join a collective transport's group as receiver ``1 + replica`` (the sender is rank 0)."""
+        self._transport(transport, transport_config).init_group(1 + self.rank, world_size, master_addr, port)
+
+    @reports_phase
+    def receive_weights(self, transport: str, transport_config: Any, handle: Any) -> dict[str, float]:
+        """Load the weight stream behind ``handle`` (``None`` for a collective transport, which
+        receives while the sender sends); returns the transport's receive metrics."""
+        receiver = self._transport(transport, transport_config)
+        start = time.perf_counter()
+        self.engine.load_weights(receiver.receive(handle))
+        stats = dict(getattr(receiver, "last_receive_stats", {}))
+        stats["sync/load_seconds"] = time.perf_counter() - start
+        return stats
+
+    @reports_phase
+    def release(self, tags: Sequence[str]) -> None:
+        self.engine.release(list(tags))
+        self.platform.empty_cache()
+
+    @reports_phase
+    def resume(self, tags: Sequence[str]) -> None:
+        self.engine.resume(list(tags))
+
+    @reports_phase
+    def memory_stats(self) -> dict[str, float]:
+        return self.platform.memory_stats()
+
+    @reports_phase
+    def shutdown(self) -> None:
+        self._close_transports()
+        self.engine.shutdown()
+
+
+def transport_config_for(name: str, config: Any) -> Any:
+    """The config object transport ``name`` is constructed with, from any config carrying its fields.
+
+    ``config`` may be the transport's own config class, the run's ``transport:`` section, or ``None``
+    (defaults). Fields are copied by name, so the run config may carry more (``check_prompts`` ...).
+    """
+    import attrs
+
+    from rlcore.plugins import registry
+
+    cls = getattr(registry("weight_transports").get(name), "config_class", None)
+    if cls is None:
+        return config
+    if isinstance(config, cls) and getattr(config, "name", name) == name:
+        return config
+    known = {f.name for f in attrs.fields(cls)}
+    values = {k: getattr(config, k) for k in known if config is not None and hasattr(config, k)}
+    values["name"] = name
+    return cls(**{k: v for k, v in values.items() if k in known})
