@@ -40,6 +40,7 @@ from rlcore_megatron.export import hf_named_tensors
 from rlcore_megatron.hf_io import HFCheckpoint, load_into, write_hf_folder
 from rlcore_megatron.model import (
     build_stage_model,
+    cast_parameters,
     local_layers,
     mark_tensor_parallel,
     param_dtype,
@@ -122,6 +123,7 @@ class MegatronEngine(TrainEngine):
             self.shape, head=spec.head, fused_norms=cfg.transformer_impl == "transformer_engine"
         )
         stage = self.layout.stage_layers[self.layout.pp_rank]
+        cast_parameters(module, self.dtype)
         mark_tensor_parallel(module, self.maps, stage[0] if stage else 0)
         self.fresh_params = load_into(
             module,

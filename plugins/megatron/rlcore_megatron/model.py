@@ -129,6 +129,18 @@ def build_stage_model(
     return model
 
 
+def cast_parameters(model: torch.nn.Module, dtype: torch.dtype) -> None:
+    """Give every floating-point parameter ``dtype``.
+
+    megatron-core's local norm layers are created in fp32 whatever ``params_dtype`` says (Megatron-LM
+    casts the whole model through its ``Float16Module`` wrapper). Only parameters are cast: buffers
+    such as rotary frequencies keep their fp32 precision.
+    """
+    for param in model.parameters():
+        if param.is_floating_point() and param.dtype != dtype:
+            param.data = param.data.to(dtype)
+
+
 def mark_tensor_parallel(model: GPTModel, maps: list[ParamMap], layer_offset: int) -> None:
     """Tag tensor-parallel parameters as Megatron's own initialisation would.
 

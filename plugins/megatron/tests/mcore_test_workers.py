@@ -108,6 +108,24 @@ def world1(rank, world, port, qwen, llama, batches, work_dir):
     r["critic_export1"] = _export(critic)
     del critic
 
+    # bf16 parameters with fp32 master weights in Megatron's non-distributed optimizer, and its
+    # checkpoint round trip; then a reward-model (score) head.
+    plain = _engine(qwen, rank, world, port, dp_opt=False, dtype="bfloat16")
+    r["bf16_metrics1"] = plain.train_step(b1, nll_loss)
+    plain.save_checkpoint(str(work / "ckpt_bf16"))
+    r["bf16_metrics2"] = plain.train_step(b2, nll_loss)
+    r["bf16_export2"] = _export(plain)
+    plain = _engine(qwen, rank, world, port, dp_opt=False, dtype="bfloat16")
+    plain.load_checkpoint(str(work / "ckpt_bf16"))
+    r["bf16_metrics2_reloaded"] = plain.train_step(b2, nll_loss)
+    r["bf16_export2_reloaded"] = _export(plain)
+    del plain
+
+    reward = _engine(qwen, rank, world, port, head="score", trainable=False)
+    r["scores"] = _infer(reward, b1, ("scores",))
+    r["reward_export"] = _export(reward)
+    del reward
+
     ref = _engine(llama, rank, world, port, trainable=False)
     r["llama_export"] = _export(ref)
     r["llama_infer"] = _infer(ref, lb, ("log_probs", "entropy"))

@@ -9,6 +9,16 @@ import socket
 import torch
 import torch.nn.functional as F
 
+#: Tolerance for fp32 log-probs, losses and values against HF (other kernels, other reduction orders).
+ATOL = 1e-4
+
+
+def assert_same_weights(ours: dict, theirs: dict, atol: float = 0.0) -> None:
+    """Same names; every tensor equal (bit-exact unless ``atol``)."""
+    assert set(ours) == set(theirs)
+    for name, tensor in theirs.items():
+        torch.testing.assert_close(ours[name], tensor, rtol=0, atol=atol, msg=name)
+
 
 def free_port() -> int:
     with socket.socket() as s:
@@ -111,4 +121,8 @@ def hf_train_step(model, batch, *, lr, betas, eps, weight_decay, grad_clip):
     loss.backward()
     grad_norm = torch.nn.utils.clip_grad_norm_(model.parameters(), grad_clip)
     opt.step()
-    return float(loss), float(grad_norm), {k: v.detach().clone() for k, v in model.state_dict().items()}
+    return (
+        float(loss.detach()),
+        float(grad_norm),
+        {k: v.detach().clone() for k, v in model.state_dict().items()},
+    )

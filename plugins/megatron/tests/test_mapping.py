@@ -1,0 +1,250 @@
+"""The HF <-> Megatron layouts, sequence alignment and vocab-parallel math, without process groups.
+
+References are written out independently: explicit per-head loops for the fused QKV layout, HF's own
+state-dict keys for name coverage, float64 ``log_softmax`` for log-probs.
+"""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from rlcore.api import Batch
+from rlcore_megatron.architecture import model_shape
+from rlcore_megatron.config import MegatronConfig
+from rlcore_megatron.convert import param_maps, shard, to_hf, to_mcore, unshard
+from rlcore_megatron.sequences import left_align, micro_batches, response_columns, restore
+from rlcore_megatron.vocab_parallel import log_probs_and_entropy
+from transformers import LlamaConfig, Qwen2Config
+
+
+def qwen_config(**kw):
+    base = dict(
+        vocab_size=1000,
+        hidden_size=64,
+        intermediate_size=96,
+        num_hidden_layers=2,
+        num_attention_heads=8,
+        num_key_value_heads=2,
+        head_dim=8,
+        tie_word_embeddings=True,
+    )
+    return Qwen2Config(**{**base, **kw})
+
+
+def shape_of(config, tp=1, pp=1, divisible=128):
+    return model_shape(config, tp_size=tp, pp_size=pp, make_vocab_size_divisible_by=divisible)
+
+
+def by_mcore(maps, name):
+    return next(pm for pm in maps if pm.mcore == name)
+
+
+def test_qkv_layout_interleaves_query_groups_like_megatron():
+    shape = shape_of(qwen_config())
+    d, groups, per_group = shape.head_dim, shape.num_kv_heads, shape.heads_per_group
+    q = torch.randn(shape.num_heads * d, shape.hidden_size)
+    k = torch.randn(groups * d, shape.hidden_size)
+    v = torch.randn(groups * d, shape.hidden_size)
+    pm = by_mcore(param_maps(shape), "decoder.layers.0.self_attention.linear_qkv.weight")
+    fused = to_mcore(pm, [q, k, v], shape)
+
+    # Megatron reads the fused rows per group: the group's query heads, then its key, then its value.
+    rows = []
+    for g in range(groups):
+        for h in range(g * per_group, (g + 1) * per_group):
+            rows.append(q[h * d : (h + 1) * d])
+        rows.append(k[g * d : (g + 1) * d])
+        rows.append(v[g * d : (g + 1) * d])
+    assert torch.equal(fused, torch.cat(rows))
+    assert all(torch.equal(a, b) for a, b in zip(to_hf(pm, fused, shape), [q, k, v], strict=True))
+
+
+def hf_state_dict(config):
+    from transformers import AutoModelForCausalLM
+
+    torch.manual_seed(0)
+    return AutoModelForCausalLM.from_config(config).state_dict()
+
+
+@pytest.mark.parametrize("tp", [1, 2])
+@pytest.mark.parametrize("tied", [True, False])
+def test_hf_weights_round_trip_through_tensor_parallel_shards(tp, tied):
+    config = qwen_config(tie_word_embeddings=tied)
+    shape, sd = shape_of(config, tp=tp), hf_state_dict(config)
+    for pm in param_maps(shape):
+        tensors = [sd[n] for n in pm.hf]
+        parts = [shard(pm, to_mcore(pm, tensors, shape), r, tp) for r in range(tp)]
+        assert {p.shape for p in parts} == {parts[0].shape}, pm.mcore
+        back = to_hf(pm, unshard(pm, parts), shape)
+        assert all(torch.equal(a, b) for a, b in zip(back, tensors, strict=True)), pm.mcore
+
+
+def test_gate_up_shards_hold_their_own_gate_and_up_rows():
+    shape = shape_of(qwen_config(), tp=2)
+    pm = by_mcore(param_maps(shape), "decoder.layers.1.mlp.linear_fc1.weight")
+    gate = torch.randn(shape.ffn_hidden_size, shape.hidden_size)
+    up = torch.randn(shape.ffn_hidden_size, shape.hidden_size)
+    full = to_mcore(pm, [gate, up], shape)
+    half = shape.ffn_hidden_size // 2
+    assert torch.equal(shard(pm, full, 1, 2), torch.cat([gate[half:], up[half:]]))
+
+
+def test_vocab_is_padded_with_zero_rows_to_a_tensor_parallel_multiple():
+    shape = shape_of(qwen_config(), tp=2, divisible=64)
+    assert shape.padded_vocab_size == 1024  # 1000 up to a multiple of 64 * 2
+    pm = by_mcore(param_maps(shape), "embedding.word_embeddings.weight")
+    weight = torch.randn(1000, shape.hidden_size)
+    full = to_mcore(pm, [weight], shape)
+    assert full.shape == (1024, shape.hidden_size) and not full[1000:].any()
+    assert torch.equal(to_hf(pm, full, shape)[0], weight)
+
+
+LLAMA = LlamaConfig(
+    vocab_size=1000,
+    hidden_size=64,
+    intermediate_size=96,
+    num_hidden_layers=2,
+    num_attention_heads=8,
+    num_key_value_heads=2,
+    tie_word_embeddings=False,
+)
+
+
+@pytest.mark.parametrize("config", [qwen_config(), qwen_config(tie_word_embeddings=False), LLAMA])
+def test_maps_name_exactly_the_hf_state_dict(config):
+    exported = {n for pm in param_maps(shape_of(config)) if pm.export for n in (*pm.hf, *pm.aliases)}
+    assert exported == set(hf_state_dict(config))
+
+
+def test_value_head_maps_to_hf_score_with_bias_and_reward_head_without():
+    shape = shape_of(qwen_config())
+    value = {pm.mcore: pm.hf for pm in param_maps(shape, head="value")}
+    score = {pm.mcore: pm.hf for pm in param_maps(shape, head="score")}
+    assert value["output_layer.weight"] == ("score.weight",) and value["output_layer.bias"] == ("score.bias",)
+    assert score["output_layer.weight"] == ("score.weight",) and "output_layer.bias" not in score
+    assert not any("lm_head" in n for pm in param_maps(shape, head="value") for n in (*pm.hf, *pm.aliases))
+
+
+def test_fused_norm_names_for_transformer_engine_layers():
+    names = {pm.mcore for pm in param_maps(shape_of(qwen_config()), fused_norms=True)}
+    assert "decoder.layers.0.self_attention.linear_qkv.layer_norm_weight" in names
+    assert "decoder.layers.0.mlp.linear_fc1.layer_norm_weight" in names
+    assert "decoder.layers.0.input_layernorm.weight" not in names
+
+
+@pytest.mark.parametrize(
+    ("config", "kw", "message"),
+    [
+        (qwen_config(), dict(tp=4), "must divide num_key_value_heads=2"),
+        (qwen_config(), dict(pp=3), "must divide num_hidden_layers=2"),
+        (qwen_config(use_sliding_window=True), {}, "sliding-window"),
+        (qwen_config(hidden_act="gelu"), {}, "hidden_act"),
+        (LlamaConfig(attention_bias=True), {}, "attention_bias"),
+    ],
+)
+def test_unsupported_configs_fail_with_the_reason(config, kw, message):
+    with pytest.raises(ValueError, match=message):
+        shape_of(config, **kw)
+
+
+def test_unknown_architecture_points_to_fsdp():
+    from transformers import GPT2Config
+
+    with pytest.raises(ValueError, match="model_type 'gpt2' is not supported.*fsdp"):
+        shape_of(GPT2Config())
+
+
+def test_llama3_rope_scaling_is_read_and_other_scalings_rejected():
+    scaling = {"rope_type": "llama3", "factor": 8.0, "low_freq_factor": 1.0, "high_freq_factor": 4.0,
+               "original_max_position_embeddings": 8192}  # fmt: skip
+    config = LlamaConfig(rope_scaling=scaling, rope_theta=500000.0, max_position_embeddings=16384)
+    shape = shape_of(config)
+    assert (shape.rope_theta, shape.rope_scaling_factor) == (500000.0, 8.0)
+    config = LlamaConfig(rope_scaling={**scaling, "high_freq_factor": 2.0}, max_position_embeddings=16384)
+    with pytest.raises(ValueError, match="high_freq_factor"):
+        shape_of(config)
+    with pytest.raises(ValueError, match="rope_type 'yarn'"):
+        shape_of(LlamaConfig(rope_scaling={"rope_type": "yarn", "factor": 2.0}))
+
+
+def test_left_align_moves_real_tokens_to_the_front_and_restore_inverts_it():
+    ids = torch.tensor([[0, 0, 5, 6, 7, 0], [1, 2, 3, 4, 0, 0], [0, 0, 0, 9, 0, 0]])
+    mask = (ids != 0).long()
+    mask[1, 0] = 1  # token id 1 is real, not padding
+    aligned = left_align(ids, mask, multiple=4)
+    assert aligned.tokens.tolist() == [[5, 6, 7, 0], [1, 2, 3, 4], [9, 0, 0, 0]]
+    assert aligned.lead.tolist() == [2, 0, 3] and aligned.lengths.tolist() == [3, 4, 1]
+    assert aligned.next_tokens().tolist() == [[6, 7, 0, 0], [2, 3, 4, 0], [0, 0, 0, 0]]
+    values = torch.arange(12.0).view(3, 4)
+    assert restore(values, aligned).tolist() == [
+        [0, 0, 0, 1, 2, 0],
+        [4, 5, 6, 7, 0, 0],
+        [0, 0, 0, 8, 0, 0],
+    ]
+
+
+def test_left_align_rejects_gaps_inside_a_row():
+    ids = torch.tensor([[3, 4, 5]])
+    with pytest.raises(ValueError, match="row 0 has padding between real tokens"):
+        left_align(ids, torch.tensor([[1, 0, 1]]))
+
+
+def test_response_columns_take_the_prediction_one_before_each_token():
+    per_position = torch.arange(8.0).view(1, 8)  # P=5, R=3
+    assert response_columns(per_position, 3).tolist() == [[4.0, 5.0, 6.0]]
+
+
+def test_micro_batches_by_count_and_by_token_budget():
+    mask = torch.tensor([[1] * 4 + [0] * 4, [1] * 8, [1] * 2 + [0] * 6, [1] * 3 + [0] * 5, [1] * 3 + [0] * 5])
+    batch = Batch({"attention_mask": mask, "row": torch.arange(5)})
+    assert [b["row"].tolist() for b in micro_batches(batch, 2)] == [[0, 1], [2, 3], [4]]
+    # budget 9: [4] alone then 8 (2*8 > 9), then 2,3,3 -> 3 rows * 3 = 9 fits
+    assert [b["row"].tolist() for b in micro_batches(batch, 2, max_tokens=9)] == [[0], [1], [2, 3, 4]]
+
+
+def test_log_probs_and_entropy_match_float64_softmax_and_ignore_padded_vocab():
+    torch.manual_seed(0)
+    logits = torch.randn(3, 7, 40)
+    targets = torch.randint(0, 37, (3, 7))
+    logp, entropy = log_probs_and_entropy(logits, targets, vocab_start=0, vocab_size=37, temperature=0.7)
+    ref = torch.log_softmax(logits[..., :37].double() / 0.7, -1)
+    torch.testing.assert_close(
+        logp.double(), ref.gather(-1, targets.unsqueeze(-1)).squeeze(-1), rtol=0, atol=1e-5
+    )
+    torch.testing.assert_close(entropy.double(), -(ref.exp() * ref).sum(-1), rtol=0, atol=1e-5)
+
+
+def test_log_probs_gradient_matches_autograd_of_the_reference():
+    torch.manual_seed(1)
+    logits = torch.randn(2, 5, 16, dtype=torch.float64, requires_grad=True)
+    targets = torch.randint(0, 16, (2, 5))
+    logp, entropy = log_probs_and_entropy(logits, targets, vocab_start=0, vocab_size=16)
+    (logp.sum() + 0.1 * entropy.sum()).backward()
+    ours = logits.grad.clone()
+    logits.grad = None
+    ref = torch.log_softmax(logits, -1)
+    (ref.gather(-1, targets.unsqueeze(-1)).sum() - 0.1 * (ref.exp() * ref).sum()).backward()
+    torch.testing.assert_close(ours, logits.grad)
+
+
+def test_config_validates_its_fields():
+    with pytest.raises(ValueError, match="megatron.tensor_model_parallel_size must be an integer >= 1"):
+        MegatronConfig(tensor_model_parallel_size=0)
+    with pytest.raises(
+        ValueError, match="megatron.transformer_impl must be one of local, transformer_engine"
+    ):
+        MegatronConfig(transformer_impl="apex")
+    with pytest.raises(
+        ValueError, match="sequence_parallel needs megatron.transformer_impl=transformer_engine"
+    ):
+        MegatronConfig(sequence_parallel=True)
+
+
+def test_plugin_registers_the_engine_lazily():
+    from rlcore.plugins import registry
+
+    entry = registry("train_engines").entry("megatron")
+    assert entry.options["config"] is MegatronConfig
+    assert (
+        entry.target == "rlcore_megatron.engine:MegatronEngine" or entry.target.__name__ == "MegatronEngine"
+    )
