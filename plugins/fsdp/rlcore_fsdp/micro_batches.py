@@ -7,8 +7,9 @@ count by splitting its largest micro-batches, or, when a rank has too few rows, 
 micro-batches whose loss is multiplied by zero.
 
 :func:`build_inputs` lays a micro-batch out for :class:`rlcore_fsdp.model.HeadedModel`, padded
-(``[b, T]`` plus the attention mask) or packed (the ``N`` real tokens in one row, ``position_ids``
-restarting at 0 per sequence, no mask), and lists the flat positions whose hidden states the head reads.
+(``[b, T']`` plus the attention mask, ``T'`` the columns holding any real token) or packed (the ``N``
+real tokens in one row, ``position_ids`` restarting at 0 per sequence, no mask), and lists the flat
+positions whose hidden states the head reads.
 """
 
 from __future__ import annotations
@@ -116,7 +117,8 @@ def _field(batch: Batch, key: str) -> torch.Tensor:
 
 
 def token_costs(batch: Batch, packed: bool) -> list[int]:
-    """Tokens each row adds to a micro-batch: its real tokens when packed, the padded width otherwise."""
+    """Tokens each row adds to a micro-batch: its real tokens when packed, the padded width otherwise
+    (an upper bound: :func:`build_inputs` then cuts columns that are padding in every row)."""
     mask = _field(batch, "attention_mask")
     if packed:
         return mask.sum(-1).tolist()
@@ -167,7 +169,14 @@ def build_inputs(batch: Batch, head: str, packed: bool, anchor: bool = False) ->
         targets = torch.cat([targets, input_ids.reshape(-1)[first : first + 1]])
 
     if not packed:
-        return ModelInputs(input_ids, position_ids, mask.long(), index, targets, response_valid)
+        # Columns that are padding in every row carry no information: cut them off both ends.
+        real_cols = mask.any(0).nonzero().flatten()
+        lo, hi = int(real_cols[0]), int(real_cols[-1]) + 1
+        index = (index // T) * (hi - lo) + (index % T - lo)
+        cut = slice(lo, hi)
+        return ModelInputs(
+            input_ids[:, cut], position_ids[:, cut], mask[:, cut].long(), index, targets, response_valid
+        )
 
     expected = mask.long().cumsum(-1) - 1
     bad = (position_ids != expected) & mask

@@ -183,4 +183,5 @@ class HeadedModel(nn.Module):
             )
             return {"log_probs": log_probs, "entropy": entropy}
         values = self.hf.score(hidden).squeeze(-1)
-        return {"values": values.to(torch.promote_types(values.dtype, torch.float32))}
+        # A copy, not a view: FSDP's pre-backward hook on a view output is lost on in-place use.
+        return {"values": values.to(torch.promote_types(values.dtype, torch.float32), copy=True)}

@@ -55,4 +55,6 @@ def parallelize(
     for sub in module.modules():
         if isinstance(sub, FSDPModule):
             sub.set_gradient_divide_factor(1.0)
-            sub.set_force_sum_reduction_for_comms(True)
+            # Older torch lacks the switch; there the divide factor alone makes NCCL use PREMUL_SUM(1).
+            if hasattr(sub, "set_force_sum_reduction_for_comms"):
+                sub.set_force_sum_reduction_for_comms(True)

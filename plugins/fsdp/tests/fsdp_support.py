@@ -41,9 +41,9 @@ def nll_entropy_loss(outputs: dict[str, torch.Tensor], micro: Batch) -> tuple[to
 
 
 def full_weights(engine) -> dict[str, torch.Tensor]:
-    return {
-        name: t.detach().cpu().clone() for name, t in assemble(engine.export_weights(torch.float32, 1 << 16))
-    }
+    """The engine's weights through its weight stream (small buckets split big tensors), in float64."""
+    stream = engine.export_weights(torch.float64, 1 << 16)
+    return {name: t.detach().cpu().clone() for name, t in assemble(stream)}
 
 
 def row_log_probs(model, batch: Batch, i: int, temperature: float) -> tuple[torch.Tensor, torch.Tensor]:
@@ -87,7 +87,7 @@ def train_reference(
             lp, ent = row_log_probs(model, batch, i, spec.temperature)
             loss = (-lp.sum() - ENTROPY_COEF * ent.sum()) / total
             loss.backward()
-            loss_sum += float(loss)
+            loss_sum += float(loss.detach())
         norm = torch.nn.utils.clip_grad_norm_(model.parameters(), spec.grad_clip)
         for group in optimizer.param_groups:
             group["lr"] = spec.lr * factor
@@ -95,3 +95,9 @@ def train_reference(
         optimizer.zero_grad()
         metrics.append({"loss": loss_sum, "grad_norm": float(norm), "lr": spec.lr * factor})
     return {k: v.detach().clone() for k, v in model.state_dict().items()}, metrics
+
+
+def score_loss(outputs: dict[str, torch.Tensor], micro: Batch) -> tuple[torch.Tensor, dict[str, float]]:
+    """Squared error of each sequence's score against ``score_targets``, per global sequence."""
+    err = (outputs["scores"] - micro["score_targets"].to(outputs["scores"].dtype)) ** 2
+    return err.sum() / micro.meta["global_sequences"], {}

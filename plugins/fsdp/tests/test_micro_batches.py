@@ -52,6 +52,18 @@ def test_padded_layout_reads_the_position_before_each_response_token():
     assert inputs.attention_mask is not None and inputs.input_ids.shape == (2, 5)
 
 
+def test_padded_layout_cuts_columns_that_are_padding_in_every_row():
+    data = layout_batch()
+    data.tensors["attention_mask"] = torch.tensor([[0, 1, 1, 1, 0], [0, 0, 1, 1, 0]])
+    data.tensors["position_ids"] = torch.tensor([[0, 0, 1, 2, 0], [0, 0, 0, 1, 0]])
+    inputs = build_inputs(data, "lm", packed=False)
+    assert inputs.input_ids.tolist() == [[11, 12, 13], [22, 23, 24]]
+    assert inputs.attention_mask.tolist() == [[1, 1, 1], [0, 1, 1]]
+    # Response column 3 (token 13 / 24) is predicted from column 2, i.e. trimmed column 1 of each row.
+    assert inputs.index.tolist() == [1, 4]
+    assert inputs.targets.tolist() == [13, 24]
+
+
 def test_packed_layout_drops_padding_and_restarts_positions():
     inputs = build_inputs(layout_batch(), "lm", packed=True)
     assert inputs.input_ids.tolist() == [[11, 12, 13, 14, 21, 22, 23, 24]]
