@@ -1,7 +1,6 @@
 """rlcore's TrainEngine contract suite, run against the FSDP engine on one CPU process."""
 
 import pytest
-
 from rlcore.api import DistInfo, EngineSpec
 from rlcore.devices import get_platform
 from rlcore.testing.contract import TrainEngineContract
