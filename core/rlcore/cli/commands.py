@@ -157,7 +157,7 @@ def cmd_export(args: Any) -> int:
 
     try:
         export_checkpoint(args.checkpoint, args.out, role=args.role)
-    except (FileNotFoundError, ConfigError, RegistryError) as exc:
+    except (FileNotFoundError, ValueError, RegistryError) as exc:  # ConfigError is a ValueError
         raise UserError(str(exc)) from None
     print(f"wrote Hugging Face model to {args.out}")
     return 0

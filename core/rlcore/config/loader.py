@@ -118,7 +118,8 @@ def _read_yaml(path: str | Path) -> Any:
             f"config file {str(path)!r} must hold a mapping of sections at the top level "
             f"(trainer:, data:, ...), got {type(data).__name__}"
         )
-    return OmegaConf.create(data)
+    # Parsed again by omegaconf, whose YAML loader reads `1e-6` as a float (PyYAML reads a string).
+    return OmegaConf.load(path)
 
 
 def merge_sources(
@@ -136,7 +137,7 @@ def merge_sources(
             raise ConfigError(f"override {item!r} must look like key.path=value")
         try:
             conf = OmegaConf.merge(conf, OmegaConf.from_dotlist([item]))
-        except OmegaConfBaseException as exc:
+        except Exception as exc:  # omegaconf and its YAML parser raise several unrelated types
             raise ConfigError(f"override {item!r} could not be applied: {exc}") from exc
     if engine is not None:
         conf = OmegaConf.merge(conf, {"engine": engine})

@@ -197,6 +197,8 @@ class TransportConfig:
     name: str = "auto"
     #: Bucket size of the weight stream in bytes.
     bucket_bytes: int = attrs.field(default=256 * 2**20, validator=_positive)
+    #: Seconds a collective transport (``broadcast``) waits for its peers.
+    timeout_s: float = 600.0
     #: Fail the run when trainer and rollout log-probs differ by more than this after a sync (None: report only).
     max_logprob_diff: float | None = None
     #: Probe prompts for the post-sync check (0 disables it).

@@ -100,3 +100,17 @@ def test_unknown_engine_lists_installed_ones():
 
     with pytest.raises(RegistryError, match=r"unknown train engine 'nosuch'. Installed: .*fsdp"):
         load_config(engine="nosuch")
+
+
+def test_yaml_exponent_floats_are_floats(tmp_path):
+    # PyYAML alone reads `1e-6` as a string; users write it that way in verl configs.
+    path = tmp_path / "lr.yaml"
+    path.write_text("actor:\n  optim:\n    lr: 1e-6\n")
+    assert load_config(path).actor.optim.lr == 1e-6
+
+
+def test_unparsable_override_is_a_config_error():
+    with pytest.raises(
+        ConfigError, match=r"override 'data.train_files=\[\$\{oc.env:HOME\}/x\]' could not be applied"
+    ):
+        load_config(overrides=["data.train_files=[${oc.env:HOME}/x]"])
