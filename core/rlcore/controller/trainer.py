@@ -11,11 +11,13 @@ The config handed to :class:`Trainer` must name model folders (``run.prepare_run
 
 from __future__ import annotations
 
+import functools
 import logging
 import math
 import random
 import time
 from collections.abc import Callable, Sequence
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
@@ -114,9 +116,9 @@ def build_roles(config: Any, train_roles: Sequence[str], on_built: Callable[[Any
         on_built(placement)
     slot = (lambda role: placement.slot(role)) if placement is not None else (lambda role: None)
     section = engine_section(config, "train_engines", config.engine)
-    roles = {}
-    for name in train_roles:
-        roles[name] = make_train_role(
+    builders: dict[str, Callable[[], Any]] = {
+        name: functools.partial(
+            make_train_role,
             name,
             config.engine,
             engine_spec(config, name),
@@ -126,8 +128,10 @@ def build_roles(config: Any, train_roles: Sequence[str], on_built: Callable[[Any
             slot=slot(name),
             device=config.trainer.device,
         )
-        on_built(roles[name])
-    rollout = make_rollout_role(
+        for name in train_roles
+    }
+    builders["rollout"] = functools.partial(
+        make_rollout_role,
         config.rollout.engine,
         rollout_spec(config),
         engine_section(config, "rollout_engines", config.rollout.engine),
@@ -136,8 +140,35 @@ def build_roles(config: Any, train_roles: Sequence[str], on_built: Callable[[Any
         slot=slot("rollout"),
         device=config.trainer.device,
     )
-    on_built(rollout)
+    roles = _construct(builders, backend == "ray", on_built)
+    rollout = roles.pop("rollout")
     return roles, rollout
+
+
+def _construct(
+    builders: dict[str, Callable[[], Any]], concurrently: bool, on_built: Callable[[Any], None]
+) -> dict:
+    """Call every builder. On Ray concurrently: each role's actors import torch and load their engine in
+    their own processes, and starting all roles together overlaps those seconds. The first failure is
+    raised once every builder has finished (the others are handed to ``on_built`` for shutdown)."""
+    if not concurrently:
+        built = {}
+        for name, build in builders.items():
+            built[name] = build()
+            on_built(built[name])
+        return built
+    with ThreadPoolExecutor(len(builders), thread_name_prefix="rlcore-build") as pool:
+        futures = {name: pool.submit(build) for name, build in builders.items()}
+    built, errors = {}, []
+    for name, future in futures.items():
+        try:
+            built[name] = future.result()
+            on_built(built[name])
+        except Exception as exc:
+            errors.append(exc)
+    if errors:
+        raise errors[0]
+    return built
 
 
 def load_tokenizer(config: Any) -> Any:

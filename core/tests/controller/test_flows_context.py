@@ -59,6 +59,19 @@ def test_memory_plan_issues_only_transitions_releases_first():
     assert log == [("actor", "release", ("grads", "optimizer")), ("rollout", "resume", ("kv_cache",))]
 
 
+def test_memory_plan_never_releases_the_rollout_cache_alone():
+    # vLLM's sleep frees weights and KV cache together: releasing "kv_cache" alone would drop the
+    # weights a sync is about to load into.
+    memory, log = plan(release_train=False)
+    memory.use("sync")
+    assert log == []
+    memory.use("check")
+    memory.use("train")
+    log.clear()
+    memory.use("sync")
+    assert log == [("rollout", "resume", ("weights",))]
+
+
 def test_memory_plan_keeps_train_roles_resident_unless_asked():
     memory, log = plan(release_train=False)
     memory.use("generate")

@@ -36,7 +36,9 @@ class MemoryPlan:
     ==============  =========================  ==============================================
     ``generate``    nothing                    all their tags when ``release_train`` else none
     ``train``       ``weights``, ``kv_cache``  none
-    ``sync``        ``kv_cache``               actor none; others as in ``generate``
+    ``sync``        ``kv_cache`` if it was     actor none; others as in ``generate``
+                    released (never released
+                    alone)
     ``check``       nothing                    actor ``grads``/``optimizer`` (with
                                                ``release_train``); others as in ``generate``
     ==============  =========================  ==============================================
@@ -66,7 +68,9 @@ class MemoryPlan:
         elif state == "train":
             want = {**{r: set() for r in self.train_roles}, "rollout": set(ROLLOUT_TAGS)}
         elif state == "sync":
-            want = {**self._idle_train(), "actor": set(), "rollout": {"kv_cache"}}
+            # The rollout needs its weights, not its cache. Its tags are never released one by one:
+            # vLLM's sleep frees weights and KV cache together, whichever tag is named.
+            want = {**self._idle_train(), "actor": set(), "rollout": self.released["rollout"] & {"kv_cache"}}
         elif state == "check":
             actor = {"grads", "optimizer"} if self.release_train else set()
             want = {**self._idle_train(), "actor": actor, "rollout": set()}
