@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 from rlcore.algorithms.presets import PRESETS
-from rlcore.config import load_config
+from rlcore.config.schema import AlgorithmConfig, KLControlConfig, RLConfig, RolloutConfig
 from rlcore.controller.flows import resolve_preset
 from rlcore.controller.flows.context import MemoryPlan, StepContext
 from rlcore.plugins import registry
@@ -98,40 +98,29 @@ def flow(name: str):
 
 def test_presets_resolve_to_themselves_by_default():
     for name in PRESETS:
-        assert (
-            resolve_preset(load_config(None, [f"algorithm.name={name}"]).algorithm, flow(name))
-            == PRESETS[name]
-        )
+        assert resolve_preset(AlgorithmConfig(name=name), flow(name)) == PRESETS[name]
 
 
 def test_user_settings_override_the_preset():
-    config = load_config(
-        None,
-        [
-            "algorithm.name=dapo",
-            "algorithm.clip_ratio=0.1",
-            "algorithm.use_kl_loss=true",
-            "algorithm.kl_ctrl.kl_coef=0.2",
-            "algorithm.gamma=0.99",
-        ],
+    config = AlgorithmConfig(
+        name="dapo", clip_ratio=0.1, use_kl_loss=True, kl_ctrl=KLControlConfig(kl_coef=0.2), gamma=0.99
     )
-    preset = resolve_preset(config.algorithm, flow("dapo"))
+    preset = resolve_preset(config, flow("dapo"))
     assert (preset.clip_ratio, preset.clip_ratio_low, preset.clip_ratio_high) == (0.1, 0.1, 0.1)
     assert preset.use_kl_loss and preset.needs_reference and preset.roles == ("reference",)
     assert preset.kl_ctrl.kl_coef == 0.2 and preset.gamma == 0.99
     assert preset.filter_groups == PRESETS["dapo"].filter_groups  # untouched fields keep the preset's
-    one_sided = load_config(None, ["algorithm.clip_ratio_high=0.3"]).algorithm
+    one_sided = AlgorithmConfig(name="grpo", clip_ratio_high=0.3)
     assert resolve_preset(one_sided, flow("grpo")).clip_ratio_low == PRESETS["grpo"].clip_ratio_low
 
 
 def test_an_estimator_needing_a_critic_on_a_critic_free_flow_says_what_to_do():
-    config = load_config(None, ["algorithm.name=grpo", "algorithm.adv_estimator=gae"])
     with pytest.raises(ValueError, match="algorithm.name=ppo"):
-        resolve_preset(config.algorithm, flow("grpo"))
+        resolve_preset(AlgorithmConfig(name="grpo", adv_estimator="gae"), flow("grpo"))
 
 
 def context(seed: int, step: int) -> StepContext:
-    config = load_config(None, ["rollout.n=3", "rollout.temperature=0.7", "rollout.max_response_length=5"])
+    config = RLConfig(rollout=RolloutConfig(n=3, temperature=0.7, max_response_length=5))
     ctx = StepContext(
         config=config,
         preset=None,
