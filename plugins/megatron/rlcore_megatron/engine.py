@@ -299,7 +299,8 @@ class MegatronEngine(TrainEngine):
 
         def reduce_fn(output, micro):
             loss, metrics = loss_fn(self._head_outputs(output, micro, wanted), micro.batch)
-            return loss, {"loss": float(loss.detach()), **{k: float(v) for k, v in metrics.items()}}
+            # Kept as tensors until the step ends: no device sync inside the pipeline schedule.
+            return loss, {"loss": loss.detach(), **metrics}
 
         self.model.zero_grad_buffer()
         self.optimizer.zero_grad()
@@ -319,7 +320,7 @@ class MegatronEngine(TrainEngine):
         local = None
         if self.layout.is_last_stage:
             keys = {k for info in infos for k in info}
-            local = {k: [info[k] for info in infos if k in info] for k in keys}
+            local = {k: [float(info[k]) for info in infos if k in info] for k in keys}
         local = broadcast_from_last_stage(local, self.layout)
         merged: dict[str, list[float]] = {}
         for part in gather_over_dp(local, self.layout):

@@ -1,0 +1,324 @@
+"""rlcore's Megatron engine on two GPUs: numerics against HF in bf16, and training tokens/s.
+
+For each layout (``--layouts``: ``tp2`` tensor-parallel, ``pp2`` two pipeline stages, ``dp2`` data
+parallel with the distributed optimizer) two fresh processes (spawned here, no torchrun) build
+``MegatronEngine`` in bf16 from a random Qwen2.5-0.5B-shaped model (built and saved here: no download),
+then
+
+1. **numerics**: ``infer`` log-probs and entropy on a probe batch, compared with the HF model on the same
+   bf16 weights run in fp32 (the reference). HF's own bf16 forward is measured against the same reference;
+   the engine passes when its mean error is within twice HF-bf16's (floor 1e-3), i.e. the two bf16
+   implementations are equally far from exact.
+2. **throughput**: ``train_step`` on RL-like steps, the same workload as ``benchmarks/fsdp_train.py``:
+   sequences of 128-1024 real tokens, a quarter prompt (left-padded) and the rest response
+   (right-padded), ``--tokens-per-step`` real tokens per GPU and step, micro-batches of at most
+   ``--max-tokens-per-micro-batch`` tokens, response-token NLL over the global token count.
+   ``tokens/s`` counts real tokens; MFU uses the FLOP formula of ``fsdp_train.py``.
+
+GPU run (2 x H200; megatron-core from the ``base`` bundle)::
+
+    python benchmarks/megatron_gpu.py --out megatron_gpu.json
+
+CPU smoke test (tiny model, gloo; imports the *test-only* CUDA redirection of
+``plugins/megatron/tests/mcore_cpu_redirect.py``, never used otherwise)::
+
+    python benchmarks/megatron_gpu.py --tiny --out /tmp/megatron_tiny.json
+"""
+
+from __future__ import annotations
+
+import argparse
+import gc
+import json
+import os
+import socket
+import statistics
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import torch
+import torch.multiprocessing as mp
+from rlcore.api import Batch, DistInfo, EngineSpec
+from rlcore.devices import get_platform
+
+REPO = Path(__file__).resolve().parents[1]
+LAYOUTS = {"tp2": (2, 1), "pp2": (1, 2), "dp2": (1, 1)}  # (tensor, pipeline) parallel sizes on 2 ranks
+SHAPE_05B = dict(
+    hidden_size=896,
+    intermediate_size=4864,
+    num_hidden_layers=24,
+    num_attention_heads=14,
+    num_key_value_heads=2,
+    head_dim=64,
+    vocab_size=151936,
+    max_position_embeddings=32768,
+    rope_theta=1000000.0,
+    rms_norm_eps=1e-6,
+    tie_word_embeddings=True,
+)
+
+
+# -- model and data ----------------------------------------------------------------------------------
+def save_random_model(folder: Path, device: torch.device, tiny: bool) -> Path:
+    """A random-init Qwen2.5-0.5B-shaped causal LM saved in bf16 (or the tiny test model)."""
+    if tiny:
+        from rlcore.testing.tiny import build_tiny_model
+
+        return build_tiny_model(folder / "tiny")
+    from transformers import Qwen2Config, Qwen2ForCausalLM
+
+    path = folder / "qwen2.5-0.5b"
+    if not (path / "config.json").is_file():
+        torch.manual_seed(0)
+        with torch.device(device):
+            model = Qwen2ForCausalLM(Qwen2Config(**SHAPE_05B)).to(torch.bfloat16)
+        model.save_pretrained(str(path))
+        del model
+    return path
+
+
+def rl_batch(tokens: int, min_len: int, max_len: int, vocab: int, seed: int) -> tuple[Batch, list[int]]:
+    """Sequences of ``min_len..max_len`` real tokens until ``tokens`` are reached, laid out as rlcore
+    batches are (left-padded prompts, right-padded responses)."""
+    g = torch.Generator().manual_seed(seed)
+    lengths: list[int] = []
+    while sum(lengths) < tokens:
+        lengths.append(int(torch.randint(min_len, max_len + 1, (1,), generator=g)))
+    prompt_lens = [max(1, n // 4) for n in lengths]
+    P, R = max(prompt_lens), max(n - p for n, p in zip(lengths, prompt_lens, strict=True))
+    input_ids = torch.zeros(len(lengths), P + R, dtype=torch.long)
+    mask = torch.zeros_like(input_ids)
+    for i, (n, p) in enumerate(zip(lengths, prompt_lens, strict=True)):
+        ids = torch.randint(3, vocab, (n,), generator=g)
+        input_ids[i, P - p : P] = ids[:p]
+        input_ids[i, P : P + n - p] = ids[p:]
+        mask[i, P - p : P + n - p] = 1
+    tensors = {
+        "input_ids": input_ids,
+        "attention_mask": mask,
+        "position_ids": (mask.cumsum(1) - 1).clamp(min=0),
+        "responses": input_ids[:, P:],
+        "response_mask": mask[:, P:],
+    }
+    return Batch(
+        tensors, meta={"global_tokens": int(mask[:, P:].sum()), "global_sequences": len(lengths)}
+    ), lengths
+
+
+def nll_loss(outputs, micro):
+    mask = micro["response_mask"].to(outputs["log_probs"].dtype)
+    return -(outputs["log_probs"] * mask).sum() / micro.meta["global_tokens"], {}
+
+
+def step_flops(config, lengths: list[int]) -> float:
+    """Model FLOPs of a training step on real tokens (``fsdp_train.py``'s formula)."""
+    h, layers = config.hidden_size, config.num_hidden_layers
+    q = config.num_attention_heads * config.head_dim
+    kv = config.num_key_value_heads * config.head_dim
+    matmul = layers * (h * q + 2 * h * kv + q * h + 3 * h * config.intermediate_size) + config.vocab_size * h
+    return float(6 * matmul * sum(lengths) + 6 * layers * q * sum(n * n for n in lengths))
+
+
+# -- one process per GPU -----------------------------------------------------------------------------
+def worker(rank: int, world: int, port: int, args, path: str, out: str) -> None:
+    if args.tiny:
+        sys.path.insert(0, str(REPO / "plugins" / "megatron" / "tests"))
+        import mcore_cpu_redirect
+
+        mcore_cpu_redirect.install()
+        torch.set_num_threads(1)
+    import torch.distributed as dist
+    from megatron.core import parallel_state as mpu
+    from rlcore_megatron.config import MegatronConfig
+    from rlcore_megatron.engine import MegatronEngine
+    from transformers import AutoConfig
+
+    platform = get_platform(args.device)
+    config = AutoConfig.from_pretrained(path)
+    probe, _ = rl_batch(args.probe_tokens, args.min_len, args.max_len, config.vocab_size, seed=1000)
+    steps = [
+        rl_batch(args.tokens_per_step * world, args.min_len, args.max_len, config.vocab_size, seed=s)
+        for s in range(args.warmup + args.steps)
+    ]
+    rows, probes = [], {}
+    for layout in args.layouts:
+        tp, pp = LAYOUTS[layout]
+        spec = EngineSpec(
+            model_path=path,
+            dtype="bfloat16",
+            lr=1e-6,
+            micro_batch_size=10**6,  # the token budget decides the micro-batches
+            max_tokens_per_micro_batch=args.max_tokens_per_micro_batch,
+            gradient_checkpointing=args.gradient_checkpointing,
+        )
+        cfg = MegatronConfig(tensor_model_parallel_size=tp, pipeline_model_parallel_size=pp)
+        info = DistInfo(rank=rank, world_size=world, local_rank=rank, master_port=port)
+        started = time.perf_counter()
+        engine = MegatronEngine(spec, cfg, platform, info)
+        build_s = time.perf_counter() - started
+        dp_rank, dp_size = engine.dp_rank_and_size()
+        result = engine.infer(probe.chunk(dp_size)[dp_rank], ("log_probs", "entropy"))
+        if result is not None:  # TP rank 0 of the last stage, one per data-parallel rank
+            probes[layout] = (dp_rank, {k: v.float() for k, v in result.tensors.items()})
+        times = []
+        for batch, _ in steps:
+            platform.synchronize()
+            t0 = time.perf_counter()
+            metrics = engine.train_step(batch.chunk(dp_size)[dp_rank], nll_loss)
+            platform.synchronize()
+            times.append(time.perf_counter() - t0)
+        timed = times[args.warmup :]
+        median = statistics.median(timed)
+        tokens = statistics.median(sum(lengths) for _, lengths in steps[args.warmup :])
+        flops = statistics.median(step_flops(config, lengths) for _, lengths in steps[args.warmup :])
+        rows.append(
+            {
+                "layout": layout,
+                "tp": tp,
+                "pp": pp,
+                "dp": dp_size,
+                "gpus": world,
+                "tokens_per_s": tokens / median,
+                "mfu": flops / median / (world * args.peak_tflops * 1e12) if args.peak_tflops > 0 else None,
+                "step_s_median": median,
+                "step_s": timed,
+                "tokens_per_step": tokens,
+                "build_s": build_s,
+                "last_loss": metrics["loss"],
+                "memory_gib": platform.memory_stats(),
+            }
+        )
+        del engine
+        gc.collect()
+        mpu.destroy_model_parallel()
+        platform.empty_cache()
+    torch.save({"rows": rows, "probes": probes, "probe": probe}, f"{out}.rank{rank}")
+    dist.destroy_process_group()
+
+
+# -- numerics ------------------------------------------------------------------------------------------
+def hf_probe_outputs(path: str, probe: Batch, dtype: torch.dtype, device) -> dict[str, torch.Tensor]:
+    """HF log-probs and entropy of the probe's response tokens (computed in ``dtype``, returned fp32)."""
+    from transformers import AutoModelForCausalLM
+
+    model = AutoModelForCausalLM.from_pretrained(path, dtype=dtype).to(device).eval()
+    width = probe["responses"].shape[1]
+    log_probs, entropy = [], []
+    with torch.no_grad():
+        for row in probe.split(4):
+            row = Batch({k: v.to(device) for k, v in row.tensors.items()})
+            logits = model(
+                input_ids=row["input_ids"],
+                attention_mask=row["attention_mask"],
+                position_ids=row["position_ids"],
+            ).logits[:, -width - 1 : -1]
+            logp = torch.log_softmax(logits.float(), -1)
+            log_probs.append(logp.gather(-1, row["responses"].unsqueeze(-1)).squeeze(-1).cpu())
+            entropy.append(-(logp.exp() * logp).sum(-1).cpu())
+    del model
+    return {"log_probs": torch.cat(log_probs), "entropy": torch.cat(entropy)}
+
+
+def errors(ours: dict, ref: dict, mask: torch.Tensor) -> dict[str, float]:
+    out = {}
+    for key in ("log_probs", "entropy"):
+        diff = (ours[key] - ref[key])[mask].abs()
+        out[f"{key}_max_abs_err"] = float(diff.max())
+        out[f"{key}_mean_abs_err"] = float(diff.mean())
+    return out
+
+
+# -- driver -----------------------------------------------------------------------------------------
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def environment(platform) -> dict:
+    import megatron.core
+    import transformers
+
+    env = {
+        "torch": torch.__version__,
+        "transformers": transformers.__version__,
+        "megatron_core": megatron.core.__version__,
+        "device": platform.name,
+    }
+    if platform.device_type == "cuda":
+        env["device_name"] = torch.cuda.get_device_name(0)
+    return env
+
+
+def parse_args(argv=None):
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("--layouts", nargs="+", default=["tp2", "pp2"], choices=sorted(LAYOUTS))
+    p.add_argument("--tokens-per-step", type=int, default=65536, help="real tokens per GPU and step")
+    p.add_argument("--max-tokens-per-micro-batch", type=int, default=16384)
+    p.add_argument("--probe-tokens", type=int, default=8192, help="real tokens of the numerics probe")
+    p.add_argument("--min-len", type=int, default=128)
+    p.add_argument("--max-len", type=int, default=1024)
+    p.add_argument("--steps", type=int, default=5)
+    p.add_argument("--warmup", type=int, default=2)
+    p.add_argument("--peak-tflops", type=float, default=989.0, help="per-device peak; 0 disables MFU")
+    p.add_argument("--gradient-checkpointing", action="store_true")
+    p.add_argument("--device", default="auto", help="rlcore device platform name")
+    p.add_argument("--model-dir", default=None, help="where the random model is saved (default: a temp dir)")
+    p.add_argument("--tiny", action="store_true", help="CPU smoke test: tiny model, gloo, a few tiny steps")
+    p.add_argument("--out", required=True, help="JSON file for the results")
+    args = p.parse_args(argv)
+    if args.tiny:
+        args.device, args.peak_tflops = "cpu", 0.0
+        args.tokens_per_step, args.max_tokens_per_micro_batch, args.probe_tokens = 256, 128, 128
+        args.min_len, args.max_len, args.steps, args.warmup = 16, 48, 2, 1
+    return args
+
+
+def main(argv=None) -> None:
+    args = parse_args(argv)
+    platform = get_platform(args.device)
+    device = platform.set_device(0)
+    folder = Path(args.model_dir or tempfile.mkdtemp(prefix="megatron-bench-"))
+    path = str(save_random_model(folder, device, args.tiny))
+    platform.empty_cache()
+    world = 2
+    if platform.device_type != "cpu" and platform.device_count() < world:
+        sys.exit(f"needs {world} devices, {platform.device_count()} visible")
+    with tempfile.TemporaryDirectory() as tmp:
+        part = os.path.join(tmp, "part")
+        mp.spawn(worker, args=(world, free_port(), args, path, part), nprocs=world)
+        parts = [torch.load(f"{part}.rank{r}", weights_only=False) for r in range(world)]
+    probe = parts[0]["probe"]
+    mask = probe["response_mask"].bool()
+    reference = hf_probe_outputs(path, probe, torch.float32, device)
+    hf_bf16 = errors(hf_probe_outputs(path, probe, torch.bfloat16, device), reference, mask)
+    rows = parts[0]["rows"]
+    for row in rows:
+        shards = sorted(p["probes"][row["layout"]] for p in parts if row["layout"] in p["probes"])
+        ours = {k: torch.cat([shard[k] for _, shard in shards]) for k in ("log_probs", "entropy")}
+        row["numerics"] = errors(ours, reference, mask)
+        row["numerics"]["within_bf16_tolerance"] = row["numerics"]["log_probs_mean_abs_err"] <= max(
+            2 * hf_bf16["log_probs_mean_abs_err"], 1e-3
+        ) and row["numerics"]["entropy_mean_abs_err"] <= max(2 * hf_bf16["entropy_mean_abs_err"], 1e-3)
+    print(f"HF bf16 vs fp32 reference: {hf_bf16}")
+    for row in rows:
+        mfu = f"{100 * row['mfu']:.1f}%" if row["mfu"] is not None else "n/a"
+        n = row["numerics"]
+        print(
+            f"{row['layout']:<4} tokens/s {row['tokens_per_s']:>12,.0f}  MFU {mfu:>6}  step {row['step_s_median']:.3f}s"
+            f"  log-prob err mean {n['log_probs_mean_abs_err']:.2e} max {n['log_probs_max_abs_err']:.2e}"
+            f"  within bf16 tolerance: {n['within_bf16_tolerance']}"
+        )
+    result = {
+        "environment": environment(platform),
+        "args": vars(args),
+        "hf_bf16_numerics": hf_bf16,
+        "results": rows,
+    }
+    Path(args.out).write_text(json.dumps(result, indent=2) + "\n")
+
+
+if __name__ == "__main__":
+    main()
