@@ -30,7 +30,8 @@ FLOPs are *model* FLOPs of the real (unpadded) tokens, the usual MFU convention,
 
 ``MFU = FLOPs / step_seconds / (gpus * --peak-tflops)``; ``--peak-tflops`` defaults to the H100 SXM
 dense bf16 figure, 989 TFLOP/s. Step time is the median over ``--steps`` timed steps after
-``--warmup`` untimed ones.
+``--warmup`` untimed ones; tokens/s is the step's real tokens (all GPUs) over that time. Memory is the
+platform's ``memory_stats()`` of rank 0 after the timed steps (allocated and reserved, not the peak).
 
 GPU runs (each GPU count in fresh processes spawned here, no torchrun)::
 

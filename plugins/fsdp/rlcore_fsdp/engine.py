@@ -22,7 +22,12 @@ import torch
 import torch.distributed as dist
 from rlcore.api import Batch, DistInfo, EngineSpec, LossFn, TrainEngine, WeightBucket
 from rlcore.weights import bucketize
-from torch.distributed.checkpoint.state_dict import get_model_state_dict, get_state_dict, set_state_dict
+from torch.distributed.checkpoint.state_dict import (
+    get_model_state_dict,
+    get_state_dict,
+    set_model_state_dict,
+    set_state_dict,
+)
 from torch.distributed.device_mesh import init_device_mesh
 from torch.distributed.fsdp import FSDPModule
 from torch.distributed.tensor import DTensor
@@ -106,8 +111,10 @@ class FSDPEngine(TrainEngine):
         first_name: dict[int, str] = {}
         self._tied: dict[str, str] = {}
         for name, param in hf.named_parameters(remove_duplicate=False):
-            self._tied.update({name: first_name[id(param)]} if id(param) in first_name else {})
-            first_name.setdefault(id(param), name)
+            if id(param) in first_name:
+                self._tied[name] = first_name[id(param)]
+            else:
+                first_name[id(param)] = name
         if not spec.trainable:
             hf.requires_grad_(False)
         self.module = HeadedModel(hf, spec.head)
@@ -239,6 +246,7 @@ class FSDPEngine(TrainEngine):
             "model_path": self.spec.model_path,
         }
         save_sharded(state, path, meta)
+        self._forget_initialised_optimizer_state()
 
     def load_checkpoint(self, path: str) -> None:
         """Restore what :meth:`save_checkpoint` wrote (any world size: DCP re-shards). Collective."""
@@ -250,12 +258,9 @@ class FSDPEngine(TrainEngine):
                 self.module, self.optimizer, model_state_dict=state["model"], optim_state_dict=state["optim"]
             )
         else:
-            set_state_dict(self.module, (), model_state_dict=state["model"], optim_state_dict={})
+            set_model_state_dict(self.module, state["model"])
         self.step = int(state["trainer"]["step"])
-        if self.step == 0 and self.optimizer is not None:
-            # Reading optimizer state initialises it with a zero-lr step; before the first real step
-            # the optimizer must stay empty, as in an engine that never saved or loaded.
-            self.optimizer.state.clear()
+        self._forget_initialised_optimizer_state()
 
     def export_hf(self, path: str) -> None:
         """An HF model folder (config, safetensors in ``EngineSpec.dtype``, tokenizer files from the model
@@ -355,6 +360,13 @@ class FSDPEngine(TrainEngine):
         else:
             model_state, optim_state = get_model_state_dict(self.module), {}
         return {"model": model_state, "optim": optim_state, "trainer": {"step": torch.tensor(self.step)}}
+
+    def _forget_initialised_optimizer_state(self) -> None:
+        """Reading an optimizer's state dict before its first step makes torch initialise the state with
+        a zero-lr step (AdamW's step count becomes 1); an engine that has not stepped must keep an empty
+        state, as one that never saved or loaded does, or its first real step is bias-corrected wrongly."""
+        if self.step == 0 and self.optimizer is not None:
+            self.optimizer.state.clear()
 
     def _check_packing(self) -> None:
         """Refuse packing unless the loaded model keeps packed sequences apart.

@@ -152,3 +152,23 @@ def test_packing_probe_refuses_a_model_that_attends_across_sequences(tiny_model_
     with pytest.raises(RuntimeError, match="lets packed sequences attend to each other"):
         make(tiny_model_path, FSDPConfig(use_remove_padding=True))
     make(tiny_model_path, FSDPConfig(use_remove_padding=False))  # the padded path does not depend on it
+
+
+def test_checkpoint_before_the_first_step_leaves_training_unchanged(tiny_model_path, tmp_path):
+    data = batch()
+    saved = make(tiny_model_path)
+    saved.save_checkpoint(str(tmp_path / "step0"))
+    loaded = make(tiny_model_path)
+    loaded.load_checkpoint(str(tmp_path / "step0"))
+    untouched = make(tiny_model_path)
+    metrics = [e.train_step(data, nll_entropy_loss) for e in (saved, loaded, untouched)]
+    assert metrics[0] == metrics[1] == metrics[2]
+    outs = [e.infer(data, ["log_probs"])["log_probs"] for e in (saved, loaded, untouched)]
+    assert torch.equal(outs[0], outs[2]) and torch.equal(outs[1], outs[2])
+    # A frozen engine (reference policy) loads a trainer's checkpoint: weights only.
+    saved.save_checkpoint(str(tmp_path / "step1"))
+    frozen = make(tiny_model_path, trainable=False)
+    frozen.load_checkpoint(str(tmp_path / "step1"))
+    assert torch.equal(frozen.infer(data, ["log_probs"])["log_probs"], outs[0])
+    with pytest.raises(FileNotFoundError, match="no checkpoint at"):
+        frozen.load_checkpoint(str(tmp_path / "nothing"))
