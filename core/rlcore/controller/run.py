@@ -243,22 +243,23 @@ def _duration(seconds: float) -> str:
 
 def _summary(result: RunResult, config: Any, seconds: float, console: Any) -> None:
     status = "[green]done[/green]" if result.ok else "[red]stopped[/red]"
-    lines = [
-        f"{status}: {config.algorithm.name}, {result.steps}/{config.trainer.total_steps} steps in {_duration(seconds)}"
-    ]
-    vals = [r for r in result.history if "val/reward" in r]
-    if len(vals) > 1:
-        lines.append(
-            f"  validation reward: {result.val_reward_start:.4f} at the start -> {result.val_reward_end:.4f} at the end"
-        )
-    elif vals:
-        lines.append(
-            f"  validation reward: {result.val_reward_start:.4f} at step {vals[0]['step']} (validated once)"
-        )
-    else:
-        lines.append("  validation reward: no validation set (data.val_files)")
-    lines.append(f"  metrics:    {result.metrics_path or '(jsonl logger off)'}")
-    lines.append(f"  curves:     {result.plot_path or '(no steps logged)'}")
+    steps = f"{result.steps}/{config.trainer.total_steps} steps"
+    lines = [f"{status}: {config.algorithm.name}, {steps} in {_duration(seconds)}"]
+    if result.history:  # nothing else to show for a run that stopped during setup
+        vals = [r for r in result.history if "val/reward" in r]
+        if len(vals) > 1:
+            lines.append(
+                f"  validation reward: {result.val_reward_start:.4f} at the start -> "
+                f"{result.val_reward_end:.4f} at the end"
+            )
+        elif vals:
+            lines.append(
+                f"  validation reward: {result.val_reward_start:.4f} at step {vals[0]['step']} (once)"
+            )
+        else:
+            lines.append("  validation reward: none (no data.val_files)")
+        lines.append(f"  metrics:    {result.metrics_path or '(trainer.loggers has no jsonl)'}")
+        lines.append(f"  curves:     {result.plot_path}")
     if result.checkpoint is not None:
         lines.append(f"  checkpoint: {result.checkpoint}")
     for line in lines:
