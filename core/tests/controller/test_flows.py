@@ -122,6 +122,8 @@ def spy_on_actor_updates(trainer: Trainer) -> list:
 def test_dapo_drops_constant_reward_groups_and_refills(tmp_path, tiny_model_path):
     # Every other prompt scores 0.5 whatever the response: its group has equal rewards and must go.
     rows = [task.row(i, ground_truth="const" if i % 2 else "digits") for i in range(32)]
+    for i, row in enumerate(rows):  # generation batches of different prompt widths get merged
+        row["prompt"][0]["content"] += " and more" * (i // 4)
     files = task.write_task(tmp_path, train_rows=rows)
     trainer = make_trainer(
         tmp_path, tiny_model_path, "dapo", files=files, trainer__total_steps=2, data__shuffle=False
@@ -136,6 +138,11 @@ def test_dapo_drops_constant_reward_groups_and_refills(tmp_path, tiny_model_path
         assert record["dynamic_sampling/num_gen_batches"] >= 2
         assert record["dynamic_sampling/refills"] == record["dynamic_sampling/num_gen_batches"] - 1
         assert record["dynamic_sampling/kept_group_fraction"] <= 0.5
+        # Merged rows keep the layout engines rely on: every response starts right after column P.
+        width = batch["prompts"].shape[1]
+        assert torch.equal(batch["input_ids"][:, width:], batch["responses"])
+        assert torch.equal(batch["attention_mask"][:, width:], batch["response_mask"])
+        assert record["rollout/logprob_diff_mean"] < 1e-4
         uids = batch["uid"]
         assert len(set(uids)) == 4 and len(batch) == 4 * 4  # train_batch_size groups of rollout.n
         assert all(gt == "digits" for gt in batch["ground_truth"])
@@ -166,3 +173,26 @@ def test_remax_baseline_is_the_greedy_score_of_each_prompt(tmp_path, tiny_model_
     mask = batch["response_mask"].bool()
     expected = (scores - batch["reward_baselines"].double())[:, None].expand_as(mask)
     assert torch.allclose(batch["advantages"].double()[mask], expected[mask], atol=1e-5)
+
+
+def test_realign_restores_the_layout_of_merged_generation_batches():
+    from rlcore.api import Batch, Completion
+    from rlcore.controller.flows.dapo import realign
+    from rlcore.rollout.batching import completions_to_batch
+
+    first = [
+        Completion([5, 6], [7, 8, 9], [-0.1, -0.2, -0.3], "length"),
+        Completion([4], [3], [-0.5], "stop"),
+    ]
+    second = [Completion([1, 2, 3, 4], [9, 9], [-0.7, -0.8], "length")]
+    parts = []
+    for completions in (first, second):
+        part = completions_to_batch(completions, pad_token_id=0)
+        part.tensors["prompt_width"] = torch.full((len(part),), part["prompts"].shape[1])
+        parts.append(part)
+    merged = realign(Batch.concat(parts), pad_token_id=0)
+    # The reference: the same completions laid out together in one go.
+    expected = completions_to_batch(first + second, pad_token_id=0)
+    assert "prompt_width" not in merged
+    for key in expected.tensors:
+        assert torch.equal(merged[key], expected[key]), key
