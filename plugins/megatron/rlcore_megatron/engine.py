@@ -125,6 +125,7 @@ class MegatronEngine(TrainEngine):
         stage = self.layout.stage_layers[self.layout.pp_rank]
         cast_parameters(module, self.dtype)
         mark_tensor_parallel(module, self.maps, stage[0] if stage else 0)
+        #: Megatron names initialised here instead of loaded (a new critic's value head).
         self.fresh_params = load_into(
             module,
             self.maps,
@@ -364,7 +365,7 @@ class MegatronEngine(TrainEngine):
         named = self._named_hf(self.dtype)
         tied = {alias for pm in self.maps for alias in pm.aliases}
         if self.holds_output() and self.layout.dp_rank == 0:
-            updates: dict[str, Any] = {"torch_dtype": self.spec.dtype}
+            updates: dict[str, Any] = {"dtype": self.spec.dtype}
             if self.spec.head != "lm":
                 arch = (self.hf_config.architectures or ["ForCausalLM"])[0].replace("ForCausalLM", "")
                 suffix = (
@@ -372,7 +373,9 @@ class MegatronEngine(TrainEngine):
                 )
                 updates.update(architectures=[arch + suffix], num_labels=1)
             # Tied weights are stored once, as save_pretrained does.
-            write_hf_folder(path, ((n, t) for n, t in named if n not in tied), self.spec.model_path, updates)
+            write_hf_folder(
+                path, ((n, t) for n, t in named if n not in tied), self.spec.model_path, dict(updates)
+            )
         else:
             for _ in named:
                 pass

@@ -114,7 +114,7 @@ def write_hf_folder(
 ) -> None:
     """Write ``tensors`` as safetensors shards (with an index when more than one) plus every non-weight
     file of the HF folder ``source`` (tokenizer, generation config), and ``config.json`` from
-    ``source`` updated with ``config_updates``."""
+    ``source`` updated with ``config_updates`` (its ``dtype`` goes to the key the source uses)."""
     path, source = Path(path), Path(source)
     path.mkdir(parents=True, exist_ok=True)
     for old in list(path.glob("model*.safetensors")) + [path / n for n in _WEIGHT_INDEXES]:
@@ -123,6 +123,11 @@ def write_hf_folder(
         if item.is_file() and not item.name.endswith(_WEIGHT_SUFFIXES) and item.name not in _WEIGHT_INDEXES:
             shutil.copy2(item, path / item.name)
     config = json.loads((source / "config.json").read_text())
+    if "dtype" in config_updates:
+        # transformers 5 writes "dtype", earlier versions "torch_dtype": update whichever is there.
+        dtype = config_updates.pop("dtype")
+        for key in [k for k in ("dtype", "torch_dtype") if k in config] or ["torch_dtype"]:
+            config[key] = dtype
     config.update(config_updates)
     (path / "config.json").write_text(json.dumps(config, indent=2, sort_keys=True) + "\n")
 

@@ -6,6 +6,8 @@ results against references computed in this process with plain transformers + to
 
 from __future__ import annotations
 
+import json
+
 import mcore_test_workers
 import pytest
 import torch
@@ -97,6 +99,8 @@ def test_export_hf_writes_a_folder_transformers_loads(run):
     assert exported.config.tie_word_embeddings
     assert_same_weights(exported.state_dict(), results["export2_reloaded"])
     assert (work / "hf_export" / "tokenizer.json").exists()
+    config = json.loads((work / "hf_export" / "config.json").read_text())
+    assert config["dtype"] == "float32" and "torch_dtype" not in config
 
 
 def test_value_head_gives_per_token_values_and_trains(run, qwen, tiny_qwen):
