@@ -38,6 +38,7 @@ DEFAULT_PLUGINS = (
     "rlcore.builtin.rollout",
     "rlcore.builtin.transports",
     "rlcore.builtin.rewards",
+    "rlcore.builtin.tasks",
     "rlcore.builtin.algorithms",
     "rlcore.builtin.flows",
     "rlcore.testing.plugin",

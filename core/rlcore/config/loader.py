@@ -1,4 +1,5 @@
-"""Loading a run's config: defaults <- YAML file <- dotted ``key=value`` overrides, then validation.
+"""Loading a run's config: defaults <- built-in task (when no training files are given: see
+:mod:`rlcore.tasks`) <- YAML file <- dotted ``key=value`` overrides, then validation.
 
 Everything is checked before anything starts: unknown keys (with the full key path, the valid keys and
 the closest match), wrong types, failed value checks and missing required values (``???``).
@@ -19,6 +20,7 @@ from omegaconf.errors import OmegaConfBaseException
 
 from rlcore.config.schema import FieldValueError, RLConfig
 from rlcore.plugins import registry
+from rlcore.tasks import with_task_recipe
 
 
 class ConfigError(ValueError):
@@ -167,7 +169,8 @@ def load_config(
     rollout: str | None = None,
 ) -> RLConfig:
     """Resolve and validate a run's config. Raises :class:`ConfigError` listing every problem."""
-    raw = merge_sources(config_file, overrides, engine, rollout)
+    # A run without training files trains on the built-in task, whose settings lie under the user's.
+    raw = with_task_recipe(merge_sources(config_file, overrides, engine, rollout))
     engine_name = raw.get("engine", RLConfig().engine)
     rollout_name = resolve_rollout((raw.get("rollout") or {}).get("engine", "auto"))
     # Engine names are validated by the registries, whose errors list what is installed.

@@ -30,6 +30,11 @@ def _one_of(*allowed: str):
     return check
 
 
+def _non_negative(instance: Any, attribute: attrs.Attribute, value: int) -> None:
+    if value < 0:
+        raise FieldValueError(attribute.name, f"must be >= 0, got {value!r}")
+
+
 def _positive(instance: Any, attribute: attrs.Attribute, value: int | None) -> None:
     if value is not None and value < 1:
         raise FieldValueError(attribute.name, f"must be >= 1, got {value!r}")
@@ -205,12 +210,41 @@ class TransportConfig:
     check_prompts: int = 2
 
 
+def _data_files(instance: Any, attribute: attrs.Attribute, value: list[str]) -> None:
+    from rlcore.data.files import SUPPORTED_SUFFIXES
+
+    for i, path in enumerate(value):
+        if not path.lower().endswith(SUPPORTED_SUFFIXES):
+            raise FieldValueError(
+                attribute.name, f"[{i}] = {path!r} is not a {', '.join(SUPPORTED_SUFFIXES)} file"
+            )
+
+
+@attrs.define(kw_only=True)
+class SFTConfig:
+    """Supervised fine-tuning data: the warm-up before RL (``trainer.warmup_sft_steps``) trains the
+    actor on it with the actor's own engine and optimizer (see :mod:`rlcore.controller.sft`)."""
+
+    #: Files of rows with ``prompt`` (chat messages, as in ``data.train_files``) and a response text
+    #: (parquet or jsonl); ``builtin:<task>/sft.jsonl`` for a built-in task's answers.
+    files: list[str] = attrs.field(factory=list, validator=_data_files)
+    #: Column holding the response text the model is trained to write (an end-of-sequence token follows).
+    response_key: str = "response"
+    #: Examples per optimizer step.
+    batch_size: int = attrs.field(default=32, validator=_positive)
+    #: Longest response in tokens (end-of-sequence included); a longer one is an error naming its row.
+    max_response_length: int = attrs.field(default=1024, validator=_positive)
+
+
 @attrs.define(kw_only=True)
 class TrainerConfig:
     """The run: length, placement, logging, checkpoints."""
 
     #: Training steps (each: generate, score, update).
     total_steps: int = attrs.field(default=30, validator=_positive)
+    #: Supervised warm-up of the actor on ``sft.files`` before the first RL step (0: none); validation
+    #: runs before and after it.
+    warmup_sft_steps: int = attrs.field(default=0, validator=_non_negative)
     #: Seed of everything seeded (data order, sampling, model init of built-ins).
     seed: int = 0
     #: ``auto`` picks the best available device platform; or a platform name (``cpu``, ``cuda`` ...).
@@ -243,7 +277,11 @@ class TrainerConfig:
 
 @attrs.define(kw_only=True)
 class RLConfig:
-    """A whole run. Top-level keys besides these are plugin sections named after their engine."""
+    """A whole run. Top-level keys besides these are plugin sections named after their engine.
+
+    A run given no ``data.train_files`` trains on the built-in task ``copy_word`` (tiny model, GRPO,
+    a short supervised warm-up), whose settings lie under the user's: ``rlcore config`` shows them.
+    """
 
     #: Train engine plugin for actor, critic and reference (``fsdp``, ``megatron`` ...).
     engine: str = "fsdp"
@@ -255,6 +293,7 @@ class RLConfig:
     critic: CriticConfig = attrs.Factory(CriticConfig)
     rollout: RolloutConfig = attrs.Factory(RolloutConfig)
     reward: RewardConfig = attrs.Factory(RewardConfig)
+    sft: SFTConfig = attrs.Factory(SFTConfig)
     transport: TransportConfig = attrs.Factory(TransportConfig)
     #: Plugin sections, by name (``fsdp``, ``vllm`` ...), each an instance of the plugin's config class.
     plugins: dict[str, Any] = attrs.Factory(dict)
