@@ -12,33 +12,35 @@ from typing import Any
 
 import attrs
 
-#: ``algorithm:`` fields whose schema default is a value, not ``None``: they override the preset only
-#: when the user changed them from that default.
-_VALUED_FIELDS = ("gamma", "lam", "kl_ctrl")
-
 
 def resolve_preset(algorithm_config: Any, algorithm_cls: type) -> Any:
     """The run's :class:`~rlcore.algorithms.presets.AlgorithmPreset`: the algorithm's preset (by its
-    ``preset_name``, or built from its ``defaults`` for a third-party algorithm) with every ``algorithm:``
-    field the user set merged over it. ``clip_ratio`` alone sets both clip bounds."""
-    from rlcore.algorithms.presets import PRESETS, AlgorithmPreset, KLControl
-    from rlcore.config.schema import AlgorithmConfig
+    ``preset_name``, or built from its ``defaults`` for a third-party algorithm) with the ``algorithm:``
+    fields the user set merged over it.
+
+    A field overrides the preset when it is set: not ``None``, or for fields whose schema default is a
+    value (``gamma``, ``lam``, the ``kl_ctrl`` section), different from that default. Sections become
+    the preset's own classes field by field. ``clip_ratio`` alone sets both clip bounds.
+    """
+    from rlcore.algorithms.presets import PRESETS, AlgorithmPreset
 
     name = getattr(algorithm_cls, "preset_name", None) or algorithm_config.name
     if name in PRESETS:
         base = PRESETS[name]
     else:
         base = AlgorithmPreset(name=algorithm_config.name, **dict(getattr(algorithm_cls, "defaults", {})))
-    schema_defaults = AlgorithmConfig()
+    schema_defaults = type(algorithm_config)()
     preset_fields = {f.name for f in attrs.fields(AlgorithmPreset)}
     overrides: dict[str, Any] = {}
     for field in attrs.fields(type(algorithm_config)):
         value = getattr(algorithm_config, field.name)
         if field.name == "name" or field.name not in preset_fields or value is None:
             continue
-        if field.name in _VALUED_FIELDS and value == getattr(schema_defaults, field.name):
+        if value == getattr(schema_defaults, field.name):
             continue
-        overrides[field.name] = KLControl(**attrs.asdict(value)) if field.name == "kl_ctrl" else value
+        if attrs.has(type(value)):
+            value = type(getattr(base, field.name))(**attrs.asdict(value))
+        overrides[field.name] = value
     if "clip_ratio" in overrides:
         overrides.setdefault("clip_ratio_low", overrides["clip_ratio"])
         overrides.setdefault("clip_ratio_high", overrides["clip_ratio"])
