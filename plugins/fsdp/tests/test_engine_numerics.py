@@ -101,6 +101,6 @@ def test_bf16_mixed_precision_trains_and_keeps_fp32_weights(tiny_model_path):
     assert 0 < float((bf16 - fp32)[mask].abs().max()) < 0.1, (
         "bf16 compute should be close to, not equal to, fp32"
     )
-    losses = [engine.train_step(data, nll_entropy_loss)["loss"] for _ in range(3)]
+    losses = [engine.train_step(data, nll_entropy_loss)["loss"] for _ in range(2)]
     assert losses[-1] < losses[0]
     assert all(p.dtype == torch.float32 for p in engine.module.parameters())
