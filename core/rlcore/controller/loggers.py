@@ -27,6 +27,8 @@ METRICS_FILE = "metrics.jsonl"
 CONSOLE_METRICS = (
     (("reward/mean",), "reward"),
     (("val/reward",), "val"),
+    (("val/reward_after_sft",), "val after sft"),
+    (("sft/loss",), "sft loss"),
     (("actor/kl_loss", "actor/reward_kl_penalty"), "kl"),
     (("actor/entropy",), "entropy"),
     (("actor/pg_clipfrac",), "clip"),

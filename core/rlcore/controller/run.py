@@ -28,6 +28,8 @@ from rlcore.controller.loggers import METRICS_FILE
 from rlcore.controller.plotting import PLOT_FILE, plot_curves
 
 CONFIG_FILE = "config.yaml"
+#: Folder of the run directory that built-in task files are written to.
+DATA_DIR = "data"
 ERROR_FILE = "error.log"
 CACHE_ENV = "RLCORE_CACHE_DIR"
 
@@ -95,9 +97,23 @@ def resolve_model_path(path: str) -> str:
     return path
 
 
+def _write_builtin_data(config: Any, folder: Path) -> Any:
+    """Write the built-in task files the config names (``builtin:<task>/<split>.jsonl``) into ``folder``
+    and name their real paths instead (see :mod:`rlcore.tasks`)."""
+    from rlcore.tasks import resolve_files
+
+    data = attrs.evolve(
+        config.data,
+        train_files=resolve_files(config.data.train_files, folder),
+        val_files=resolve_files(config.data.val_files, folder),
+    )
+    sft = attrs.evolve(config.sft, files=resolve_files(config.sft.files, folder))
+    return attrs.evolve(config, data=data, sft=sft)
+
+
 def prepare_run(config: Any) -> tuple[Any, Path, str]:
-    """Resolve model paths and the rollout engine, create the run directory and write ``config.yaml``.
-    Returns ``(resolved config, run_dir, config yaml)``."""
+    """Resolve model paths and the rollout engine, create the run directory, write built-in task data
+    into it and ``config.yaml``. Returns ``(resolved config, run_dir, config yaml)``."""
     from rlcore.config import to_yaml
     from rlcore.config.loader import resolve_rollout
 
@@ -116,6 +132,7 @@ def prepare_run(config: Any) -> tuple[Any, Path, str]:
     name = config.trainer.experiment_name or f"{config.algorithm.name}-{time.strftime('%Y%m%d-%H%M%S')}"
     run_dir = Path(config.trainer.output_dir).expanduser() / name
     run_dir.mkdir(parents=True, exist_ok=True)
+    config = _write_builtin_data(config, run_dir / DATA_DIR)
     text = to_yaml(config)
     (run_dir / CONFIG_FILE).write_text(text)
     return config, run_dir, text
@@ -247,9 +264,11 @@ def _summary(result: RunResult, config: Any, seconds: float, console: Any) -> No
     lines = [f"{status}: {config.algorithm.name}, {steps} in {_duration(seconds)}"]
     if result.history:  # nothing else to show for a run that stopped during setup
         vals = [r for r in result.history if "val/reward" in r]
+        after_sft = result.history[0].get("val/reward_after_sft")
+        warm = f"{after_sft:.4f} after the SFT warm-up -> " if after_sft is not None else ""
         if len(vals) > 1:
             lines.append(
-                f"  validation reward: {result.val_reward_start:.4f} at the start -> "
+                f"  validation reward: {result.val_reward_start:.4f} at the start -> {warm}"
                 f"{result.val_reward_end:.4f} at the end"
             )
         elif vals:

@@ -40,10 +40,10 @@ TRAINED_ROLES = ("actor", "critic")
 # -- what each role is built from ------------------------------------------------------------------
 def optimizer_steps(config: Any) -> int:
     """Optimizer steps of the whole run (the LR schedule's length): per training step, ``ppo_epochs``
-    passes of ``train_batch_size / ppo_mini_batch_size`` mini-batches."""
+    passes of ``train_batch_size / ppo_mini_batch_size`` mini-batches; plus the SFT warm-up's steps."""
     mini = config.actor.ppo_mini_batch_size
     per_epoch = 1 if mini is None else math.ceil(config.data.train_batch_size / mini)
-    return config.trainer.total_steps * config.actor.ppo_epochs * per_epoch
+    return config.trainer.total_steps * config.actor.ppo_epochs * per_epoch + config.trainer.warmup_sft_steps
 
 
 def engine_spec(config: Any, role: str) -> EngineSpec:
@@ -232,6 +232,7 @@ class Trainer:
         self.train_loader = build_train_loader(cfg.data, self.tokenizer)
         self.val_loader = build_val_loader(cfg.data, self.tokenizer)
         self._batches = iter(self.train_loader)
+        self.sft_examples = self._sft_examples()  # bad warm-up data fails before any engine starts
         self.reward = registry("reward_providers").get(cfg.reward.provider)(cfg.reward)
         self._closers.append(self.reward)
 
@@ -285,6 +286,22 @@ class Trainer:
             sync_weights(self.ctx)
         self._first_sync = dict(first_sync)
 
+    def _sft_examples(self) -> list:
+        cfg = self.config
+        if cfg.trainer.warmup_sft_steps == 0:
+            return []
+        from rlcore.controller.sft import load_sft_examples
+
+        return load_sft_examples(
+            cfg.sft.files,
+            self.tokenizer,
+            prompt_key=cfg.data.prompt_key,
+            response_key=cfg.sft.response_key,
+            apply_chat_template=cfg.data.apply_chat_template,
+            max_prompt_length=cfg.data.max_prompt_length,
+            max_response_length=cfg.sft.max_response_length,
+        )
+
     def next_prompts(self) -> Batch:
         """The next training batch of prompts; a new epoch starts when one ends."""
         try:
@@ -302,6 +319,8 @@ class Trainer:
             record = dict(self._first_sync)
             if self.config.trainer.val_before_train and self.val_loader is not None:
                 record.update(self.validate())
+            if self.sft_examples:
+                record.update(self.warm_up())
             self._log(0, record)
         while self.step < stop:
             self.train_step()
@@ -349,6 +368,36 @@ class Trainer:
             for sink in self.sinks:
                 sink.log(step, metrics)
         return record
+
+    def warm_up(self) -> dict[str, float]:
+        """``trainer.warmup_sft_steps`` supervised steps of the actor on ``sft.files`` (a random policy
+        learns the answer format RL then refines), a weight sync, and with a validation set
+        ``val/reward_after_sft``. Metrics: ``sft/loss_first``, ``sft/loss`` (last step), ``sft/steps``,
+        ``timing/sft``."""
+        from rlcore.controller.sft import SFTTrainer
+
+        cfg = self.config
+        start = time.perf_counter()
+        sft = SFTTrainer(
+            self.roles["actor"],
+            self.sft_examples,
+            batch_size=cfg.sft.batch_size,
+            pad_token_id=self.ctx.pad_token_id,
+            seed=cfg.trainer.seed,
+        )
+        self.ctx.memory.use("train")
+        steps = sft.fit(cfg.trainer.warmup_sft_steps)
+        with self.ctx.detached():
+            sync_weights(self.ctx)
+        metrics = {
+            "sft/steps": float(len(steps)),
+            "sft/loss_first": steps[0]["sft/loss"],
+            "sft/loss": steps[-1]["sft/loss"],
+            "timing/sft": time.perf_counter() - start,
+        }
+        if self.val_loader is not None:
+            metrics["val/reward_after_sft"] = self.validate()["val/reward"]
+        return metrics
 
     # -- validation ------------------------------------------------------------------------------
     def validate(self) -> dict[str, float]:

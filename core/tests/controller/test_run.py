@@ -153,3 +153,25 @@ def test_builtin_tiny_is_built_once_into_the_cache(tmp_path, monkeypatch):
         resolve_model_path("builtin:huge")
     with pytest.raises(FileNotFoundError, match="does not exist"):
         resolve_model_path(str(tmp_path / "no-such-model"))
+
+
+def test_builtin_task_files_are_written_into_the_run(tmp_path, tiny_model_path):
+    from rlcore.config import load_config
+    from rlcore.controller.run import prepare_run
+
+    config = load_config(
+        None,
+        [
+            "data.train_files=[builtin:copy_word/train.jsonl]",
+            f"model.path={tiny_model_path}",
+            f"trainer.output_dir={tmp_path}",
+            "trainer.experiment_name=task",
+        ],
+    )
+    config, run_dir, text = prepare_run(config)
+    data = run_dir / "data" / "copy_word"
+    assert config.data.train_files == [str(data / "train.jsonl")]
+    assert config.data.val_files == [str(data / "val.jsonl")]  # from the task's recipe
+    assert config.sft.files == [str(data / "sft.jsonl")]
+    assert all((data / f"{split}.jsonl").is_file() for split in ("train", "val", "sft"))
+    assert str(data / "train.jsonl") in (run_dir / "config.yaml").read_text()

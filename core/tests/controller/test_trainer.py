@@ -215,3 +215,30 @@ def test_validation_reports_the_mean_reward_per_data_source(tmp_path, tiny_model
     # Greedy decoding (val_temperature=0) with unchanged weights gives the same answers.
     assert again["val/reward"] == metrics["val/reward"]
     assert metrics["val/response_length/mean"] > 0
+
+
+def test_an_sft_warm_up_runs_between_the_first_validation_and_rl(tmp_path, tiny_model_path):
+    files = task.write_task(tmp_path / "task")
+    sft_rows = [{**task.row(i), "response": "12345 678 90"} for i in range(16)]
+    sft_file = task.write_jsonl(tmp_path / "task" / "sft.jsonl", sft_rows)
+    trainer = make_trainer(
+        tmp_path,
+        files,
+        tiny_model_path,
+        trainer__total_steps=1,
+        trainer__warmup_sft_steps=15,
+        sft__files=f"[{sft_file}]",
+        sft__batch_size=8,
+        actor__optim__lr=0.01,
+    )
+    try:
+        assert len(trainer.sft_examples) == 16
+        history = trainer.fit()
+    finally:
+        trainer.close()
+    first = history[0]
+    assert first["step"] == 0 and first["sft/steps"] == 15
+    assert first["sft/loss"] < first["sft/loss_first"]
+    # The warm-up taught digits, which is what the task rewards; the rollout got the new weights.
+    assert first["val/reward_after_sft"] > first["val/reward"] + 0.2
+    assert first["sync/logprob_diff_mean"] < 1e-4
