@@ -14,13 +14,16 @@ from typing import Any
 PLOT_FILE = "curves.png"
 
 #: One panel per entry: title, and the metric keys it draws (the first key present in the history is
-#: used; KL comes either from the loss term or from the reward penalty, depending on the algorithm).
+#: used; KL is to the reference policy, as a loss term or a reward penalty, or without a reference
+#: model the old-to-new policy KL of the updates).
 PANELS = (
     ("reward (train)", ("reward/mean",)),
     ("reward (validation)", ("val/reward",)),
-    ("KL to reference", ("actor/kl_loss", "actor/reward_kl_penalty", "actor/ppo_kl")),
+    ("KL", ("actor/kl_loss", "actor/reward_kl_penalty", "actor/ppo_kl")),
     ("response length", ("response_length/mean",)),
 )
+#: Points drawn over a panel's line when present: panel title -> ((key, label), ...).
+OVERLAYS = {"reward (validation)": (("val/reward_after_sft", "after the SFT warm-up"),)}
 
 
 def series(history: Sequence[Mapping[str, Any]], key: str) -> tuple[list[int], list[float]]:
@@ -52,7 +55,13 @@ def plot_curves(history: Sequence[Mapping[str, Any]], path: str | os.PathLike, t
             ax.text(0.5, 0.5, "no data", ha="center", va="center", transform=ax.transAxes, color="grey")
             continue
         steps, values = series(history, key)
-        ax.plot(steps, values, marker="o" if len(steps) < 30 else None, markersize=3)
+        ax.plot(steps, values, marker="o" if len(steps) < 30 else None, markersize=3, label=key)
+        overlays = [(series(history, k), label) for k, label in OVERLAYS.get(name, ())]
+        for (x, y), label in overlays:
+            if x:
+                ax.plot(x, y, linestyle="none", marker="*", markersize=10, label=label)
+        if any(x for (x, _), _ in overlays):
+            ax.legend(fontsize=8)
     if title:
         fig.suptitle(title)
     fig.tight_layout()
