@@ -71,27 +71,28 @@ def start_ray(
     - ``address`` (``"auto"``, ``"host:port"``, ``"ray://..."``), else ``RAY_ADDRESS``: join that cluster.
       ``num_cpus``/``num_gpus`` must then be unset (a running cluster's size is its own).
     - Neither: start an embedded local instance. Ray sizes it to the machine (CPUs within cgroup
-      limits, GPUs); ``num_cpus``/``num_gpus`` override. No dashboard: it costs seconds and memory.
+      limits, GPUs); ``num_cpus``/``num_gpus`` override. Without the dashboard web UI (seconds of start-up).
 
     Workers get :func:`forwarded_env` through the job's ``runtime_env`` (groups forward it again per
     actor, read at the time each actor starts).
     """
     import ray
 
+    target = address or os.environ.get("RAY_ADDRESS") or None
+    joining = bool(target) and target != "local"
+    if joining and (num_cpus is not None or num_gpus is not None):
+        raise ValueError(
+            f"start_ray: num_cpus/num_gpus size a new local instance; joining the running cluster at "
+            f"{target!r} takes its size as it is. Drop them, or unset trainer.ray_address/RAY_ADDRESS."
+        )
     if ray.is_initialized():
         return _describe()
-    target = address or os.environ.get("RAY_ADDRESS") or None
     kwargs: dict[str, Any] = {
         "runtime_env": {"env_vars": forwarded_env()},
         "log_to_driver": log_to_driver,
         **(extra_init or {}),
     }
-    if target and target != "local":
-        if num_cpus is not None or num_gpus is not None:
-            raise ValueError(
-                f"start_ray: num_cpus/num_gpus size a new local instance; joining the running cluster at "
-                f"{target!r} takes its size as it is. Drop them, or unset trainer.ray_address/RAY_ADDRESS."
-            )
+    if joining:
         try:
             ray.init(address=target, **kwargs)
         except ConnectionError as exc:
@@ -103,7 +104,7 @@ def start_ray(
         info = _describe()
         _STARTED_HERE[info.address] = False
         return info
-    # An embedded instance: never pick up a stale RAY_ADDRESS="local" while starting it.
+    # address="local": always a new instance of our own, never a cluster Ray might discover by itself.
     ray.init(address="local", num_cpus=num_cpus, num_gpus=num_gpus, include_dashboard=False, **kwargs)
     info = _describe()
     _STARTED_HERE[info.address] = True

@@ -90,19 +90,32 @@ class Topology:
             self.output_ranks.append(holders[0])
 
 
-def shards(data: Batch | Sequence[Any], n: int) -> list[Any]:
+def shards(data: Batch | Sequence[Any], n: int, *, views: bool = False) -> list[Any]:
     """``n`` consecutive pieces of a batch or a list, sizes differing by at most one (some may be
-    empty when there are fewer rows than pieces)."""
-    if isinstance(data, Batch):
+    empty when there are fewer rows than pieces), as :meth:`Batch.chunk` cuts them.
+
+    ``views``: a batch's pieces share memory with it (row slices of contiguous tensors stay
+    contiguous), for pieces that are serialised right away; otherwise they are copies.
+    """
+    if isinstance(data, Batch) and not views:
         return data.chunk(n)
-    items = list(data)
-    base, extra = divmod(len(items), n)
-    out, start = [], 0
+    base, extra = divmod(len(data), n)
+    bounds, start = [], 0
     for i in range(n):
         stop = start + base + (1 if i < extra else 0)
-        out.append(items[start:stop])
+        bounds.append((start, stop))
         start = stop
-    return out
+    if isinstance(data, Batch):
+        return [
+            Batch(
+                {k: v[a:b] for k, v in data.tensors.items()},
+                {k: v[a:b] for k, v in data.objects.items()},
+                data.meta,
+            )
+            for a, b in bounds
+        ]
+    items = list(data)
+    return [items[a:b] for a, b in bounds]
 
 
 class LocalGroup:

@@ -12,7 +12,8 @@ machines. A role's rank ``r`` runs on bundle ``r`` of its pool and takes ``share
     the train roles share one pool; the rollout gets a pool of its own, whole devices.
 
 A rollout replica with ``tensor_parallel_size = t`` owns bundles ``[i*t, (i+1)*t)`` of its pool; its
-worker runs on the first of them and the engine learns the rest from ``RLCORE_BUNDLE_INDICES``.
+worker runs on the first of them; an engine that starts its own device workers (vLLM's Ray executor)
+finds its bundles in ``RLCORE_BUNDLE_INDICES`` and the pool in ``ray.util.get_current_placement_group()``.
 """
 
 from __future__ import annotations

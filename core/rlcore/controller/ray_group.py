@@ -289,8 +289,9 @@ class RayGroup:
         import ray
 
         self._check_usable()
-        # One object per shard: data-parallel peers (TP/PP ranks) read the same copy.
-        pieces = [ray.put(to_wire(piece)) for piece in shards(data, self.dp_size)]
+        # One object per shard, serialised straight from views of the batch (no intermediate copy);
+        # data-parallel peers (TP/PP ranks) read the same object.
+        pieces = [ray.put(to_wire(piece)) for piece in shards(data, self.dp_size, views=True)]
         args = tuple(to_wire(a) for a in args)
         kwargs = {k: to_wire(v) for k, v in kwargs.items()}
         refs = [

@@ -33,6 +33,19 @@ def _mean_metrics(results: Sequence[dict[str, float]]) -> dict[str, float]:
     return {key: sums[key] / counts[key] for key in sums}
 
 
+def _row_slices(batch: Batch, size: int) -> list[Batch]:
+    """Consecutive pieces of ``size`` rows, as :meth:`Batch.split` cuts them but sharing the batch's
+    memory (the groups copy or serialise each piece once anyway)."""
+    return [
+        Batch(
+            {k: v[start : start + size] for k, v in batch.tensors.items()},
+            {k: v[start : start + size] for k, v in batch.objects.items()},
+            batch.meta,
+        )
+        for start in range(0, len(batch), size)
+    ]
+
+
 class TrainRole:
     """One train-engine role (``name``: ``actor``, ``critic``, ``reference`` ...) over its group."""
 
@@ -95,7 +108,7 @@ class TrainRole:
                     len(batch), generator=torch.Generator().manual_seed(shuffle_seed + epoch)
                 )
                 data = batch.index(order)
-            for mini in data.split(size):
+            for mini in _row_slices(data, size):
                 mini.meta["global_tokens"] = int(mini["response_mask"].sum())
                 mini.meta["global_sequences"] = len(mini)
                 steps.append(_mean_metrics(self.group.dispatch("train_step", mini, loss_fn)))

@@ -1,8 +1,8 @@
 """Workers: one engine rank (or rollout replica) each, in whatever process hosts them.
 
 A worker class is a plain Python class. :class:`~rlcore.controller.group.LocalGroup` constructs it in
-the driver process (``trainer.backend=local``); :class:`~rlcore.controller.group.RayGroup` wraps it with
-``ray.remote`` so each instance is a Ray actor. Either way the worker resolves its platform and its
+the driver process (``trainer.backend=local``); :class:`~rlcore.controller.ray_group.RayGroup` builds each
+instance inside a Ray actor of its own. Either way the worker resolves its platform and its
 engine class from the registries **in its own process**, so plugins load in every Ray worker the same
 way they load on the driver.
 

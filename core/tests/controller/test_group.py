@@ -169,7 +169,14 @@ def test_topology_checks():
 def test_shards_of_lists_and_batches():
     assert shards([1, 2, 3, 4, 5], 3) == [[1, 2], [3, 4], [5]]
     assert shards([1], 2) == [[1], []]
-    assert [len(b) for b in shards(rows_batch(5), 2)] == [3, 2]
+    batch = rows_batch(5)
+    batch.objects["uid"] = list("abcde")
+    copies, views = shards(batch, 2), shards(batch, 2, views=True)
+    for piece in (copies, views):
+        assert [p["row"].tolist() for p in piece] == [[0, 1, 2], [3, 4]]
+        assert [p["uid"] for p in piece] == [["a", "b", "c"], ["d", "e"]]
+    assert views[1]["x"].data_ptr() == batch["x"][3].data_ptr() and views[1]["x"].is_contiguous()
+    assert copies[1]["x"].data_ptr() != batch["x"][3].data_ptr()
 
 
 def test_local_group_runs_one_process_per_train_role():
