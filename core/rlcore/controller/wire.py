@@ -27,7 +27,8 @@ Packed = tuple[str, tuple[int, ...], np.ndarray]
 
 def pack_tensor(tensor: torch.Tensor) -> Packed:
     """A tensor as ``(dtype, shape, bytes)``; no copy for a contiguous CPU tensor."""
-    flat = tensor.detach().cpu().reshape(-1)  # copies only a device or non-contiguous tensor
+    # Copies only a device or non-contiguous tensor (reshape alone may return a strided view).
+    flat = tensor.detach().cpu().contiguous().reshape(-1)
     return str(tensor.dtype).removeprefix("torch."), tuple(tensor.shape), flat.view(torch.uint8).numpy()
 
 

@@ -145,6 +145,15 @@ def test_a_group_spreads_over_both_nodes_and_trains_across_them(two_nodes):
         placement.remove()
 
 
+@pytest.mark.slow
+@pytest.mark.timeout(300)
+def test_ray_address_from_the_environment_joins_the_cluster(two_nodes, monkeypatch):
+    stop_ray()
+    monkeypatch.setenv("RAY_ADDRESS", two_nodes.address)
+    info = start_ray()
+    assert not info.started_here and info.num_nodes == 2 and info.address == two_nodes.address
+
+
 def test_joining_a_cluster_takes_its_size_as_it_is():
     with pytest.raises(ValueError, match="joining the running cluster at '10.0.0.1:6379' takes its size"):
         start_ray("10.0.0.1:6379", num_cpus=4)
