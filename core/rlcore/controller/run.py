@@ -223,7 +223,8 @@ def _report_failure(exc: BaseException, trainer: Any, run_dir: Path | None, cons
                 highlight=False,
             )
     if not _expected(exc):
-        console.print_exception() if console.is_terminal else console.print(traceback.format_exc())
+        # Called after the except block has ended, so take the traceback from ``exc`` itself.
+        console.print("".join(traceback.format_exception(exc)), highlight=False, markup=False)
     return message
 
 
