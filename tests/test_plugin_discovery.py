@@ -1,8 +1,8 @@
 """Plugin discovery end to end, with real installed distributions (tests/plugin_packages/).
 
-The three test plugins are built and installed with pip into a private target folder, which the
-subprocesses under test see through ``PYTHONPATH``: they are real distributions found through their
-``rlcore`` entry points, and the shared environment other test runs use is never modified.
+The three test plugins are pip-installed into the running virtual environment for the duration of this
+module and uninstalled afterwards: real distributions found through their ``rlcore`` entry points,
+exactly as a user's ``pip install rlcore-<name>`` would be.
 
 - ``rlcore-test-echo`` (entry point ``echo``): registers the ``echo`` train engine.
 - ``rlcore-test-boom`` (``boom``): its entry-point module raises on import.
@@ -26,43 +26,36 @@ BOOM = "RuntimeError: rlcore-test-boom is broken on purpose: libboom.so not foun
 RLCORE = Path(sys.executable).with_name("rlcore")
 
 
+DISTRIBUTIONS = ("rlcore-test-echo", "rlcore-test-boom", "rlcore-test-future")
+
+
+def _pip(*args: str) -> None:
+    proc = subprocess.run([sys.executable, "-m", "pip", *args], capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, f"pip {' '.join(args)} failed:\n{proc.stdout}\n{proc.stderr}"
+
+
 @pytest.fixture(scope="module")
-def site(tmp_path_factory) -> Path:
-    """A folder holding the three installed test plugins."""
-    work = tmp_path_factory.mktemp("plugin-site")
+def site(tmp_path_factory):
+    """The three test plugins, installed into this virtual environment until the module ends."""
+    work = tmp_path_factory.mktemp("plugin-src")
     sources = []
     for name in ("echo", "boom", "future"):
         # Build from a copy, so the build leaves no build/ or egg-info in the checkout.
-        dst = work / "src" / name
+        dst = work / name
         shutil.copytree(
             PACKAGES / name, dst, ignore=shutil.ignore_patterns("build", "*.egg-info", "__pycache__")
         )
         sources.append(str(dst))
-    target = work / "site"
-    subprocess.run(
-        [
-            sys.executable,
-            "-m",
-            "pip",
-            "install",
-            "--no-deps",
-            "--no-build-isolation",
-            "-q",
-            "--target",
-            str(target),
-        ]
-        + sources,
-        check=True,
-        capture_output=True,
-        timeout=300,
-    )
-    return target
+    _pip("install", "--no-deps", "--no-build-isolation", "-q", *sources)
+    try:
+        yield sys.prefix
+    finally:
+        _pip("uninstall", "-y", "-q", *DISTRIBUTIONS)
 
 
-def run(site: Path, *args: str, **env: str) -> subprocess.CompletedProcess:
-    """Run a command with the test plugins installed and ``env`` added (``RLCORE_*`` cleared first)."""
+def run(site: str, *args: str, **env: str) -> subprocess.CompletedProcess:
+    """Run a command in the environment holding the test plugins, ``env`` added (``RLCORE_*`` cleared)."""
     base = {k: v for k, v in os.environ.items() if not k.startswith("RLCORE_") and k != "RAY_ADDRESS"}
-    base["PYTHONPATH"] = os.pathsep.join([str(site), *filter(None, [os.environ.get("PYTHONPATH")])])
     return subprocess.run([*args], capture_output=True, text=True, env={**base, **env}, timeout=300)
 
 
@@ -170,7 +163,7 @@ RAY_SCRIPT = textwrap.dedent(
         return result
 
     # A private local cluster (not one another process started on this host): its workers inherit
-    # this process's environment, PYTHONPATH with the test plugins included.
+    # this process's environment, in which the test plugins are installed.
     ray.init(address="local", num_cpus=1, include_dashboard=False, log_to_driver=False)
     try:
         everything = ray.get(resolve.remote(True))
