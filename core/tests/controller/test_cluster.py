@@ -64,10 +64,12 @@ def _stop(process: subprocess.Popen, grace_s: float) -> None:
 def two_nodes(tmp_path_factory):
     stop_ray()
     logs = tmp_path_factory.mktemp("ray-nodes")
-    # New clusters use token authentication; these two nodes and this driver all opt out alike.
-    env = dict(os.environ, RAY_AUTH_MODE="disabled")
+    # Both nodes and this driver must agree on authentication. Ray caches the mode in-process at its
+    # first start (an embedded start sets RAY_AUTH_MODE=token), so follow this process: its mode, else
+    # token (Ray's default for new clusters; the nodes share the token in ~/.ray/auth_token).
     previous = os.environ.get("RAY_AUTH_MODE")
-    os.environ["RAY_AUTH_MODE"] = "disabled"
+    os.environ["RAY_AUTH_MODE"] = previous or "token"
+    env = dict(os.environ)
     port = _free_port()
     common = ["--num-cpus=1", "--disable-usage-stats", "--block"]
     nodes = []
