@@ -245,7 +245,8 @@ def _pack(bucket: WeightBucket, device: torch.device) -> tuple[list, torch.Tenso
             return entries, tensor.reshape(-1).view(torch.uint8)
     flat = torch.empty(offset, dtype=torch.uint8, device=device)
     for (_, _, _, start, nbytes), (_, tensor) in zip(entries, bucket, strict=True):
-        flat[start : start + nbytes].copy_(tensor.detach().reshape(-1).view(torch.uint8))
+        # contiguous(): reshape(-1) of e.g. x[:, ::2] is a strided view, which cannot be viewed as bytes.
+        flat[start : start + nbytes].copy_(tensor.detach().contiguous().view(-1).view(torch.uint8))
     return entries, flat
 
 

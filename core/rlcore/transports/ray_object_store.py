@@ -82,8 +82,9 @@ class RayObjectStoreTransport(WeightTransport):
 
 
 def _pack(name: str, tensor: torch.Tensor) -> _Packed:
-    # reshape(-1) copies only a non-contiguous tensor; cpu() only a device tensor.
-    flat = tensor.detach().cpu().reshape(-1)
+    # contiguous() copies only a non-contiguous tensor (reshape(-1) may return a strided view, e.g. of
+    # x[:, ::2], which cannot be viewed as bytes); cpu() copies only a device tensor.
+    flat = tensor.detach().cpu().contiguous().view(-1)
     return name, str(tensor.dtype).removeprefix("torch."), tuple(tensor.shape), flat.view(torch.uint8).numpy()
 
 

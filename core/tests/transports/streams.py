@@ -17,6 +17,7 @@ def named_tensors(seed: int = 0) -> list[tuple[str, torch.Tensor]]:
         ("embed.weight", torch.randn(64, 48, generator=g)),  # 12 KiB: split across buckets
         ("layer.bias", torch.randn(7, generator=g).to(torch.bfloat16)),  # no numpy dtype
         ("layer.weight", torch.randn(16, 8, generator=g).t()),  # not contiguous
+        ("layer.strided", torch.randn(4, 6, generator=g)[:, ::2]),  # flattens to a strided view
         ("step", torch.tensor(3 + seed, dtype=torch.int64)),  # 0-dim
         ("mask", torch.rand(5, generator=g) > 0.5),
         ("empty", torch.zeros(0, 4)),
