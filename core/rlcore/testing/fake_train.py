@@ -160,7 +160,13 @@ class FakeTrainEngine(TrainEngine):
             if p.grad is None:  # a rank without rows still joins the all-reduce
                 p.grad = torch.zeros_like(p)
         keys = sorted(metric_sums)
-        stats = torch.tensor([loss_sum, micro, *(metric_sums[k] for k in keys)], dtype=torch.float64)
+        if self.dist.world_size > 1:
+            # A rank that got no rows has no metric names of its own; every rank must reduce the same
+            # vector, or the collective never completes.
+            gathered: list[list[str]] = [[] for _ in range(self.dist.world_size)]
+            tdist.all_gather_object(gathered, keys)
+            keys = sorted({k for rank_keys in gathered for k in rank_keys})
+        stats = torch.tensor([loss_sum, micro, *(metric_sums.get(k, 0.0) for k in keys)], dtype=torch.float64)
         if self.dist.world_size > 1:
             for p in params:
                 tdist.all_reduce(p.grad, op=tdist.ReduceOp.SUM)

@@ -137,6 +137,25 @@ def test_ray_backend_trains_as_the_in_process_backend_does(ray_session):
         local.shutdown()
 
 
+def test_a_rank_without_rows_still_joins_the_step(ray_session):
+    # 9 rows in mini-batches of 4: the last mini-batch has one row, so rank 1 gets none. It must still
+    # take part in the gradient and metric reductions (it used to reduce a shorter vector and hang).
+    def kwargs(rank, dist):
+        return {"role": "actor", "engine_name": "fake", "spec": SPEC, "dist": dist, "device": "cpu"}
+
+    distributed = TrainRole("actor", RayGroup("actor", TrainWorker, kwargs, 2))
+    local = TrainRole("actor", LocalGroup.train("actor", "fake", SPEC, device="cpu"))
+    try:
+        batch = numbered_batch(9)
+        got = distributed.train(batch, token_nll_loss, mini_batch_size=4, epochs=1, shuffle_seed=None)
+        want = local.train(batch, token_nll_loss, mini_batch_size=4, epochs=1, shuffle_seed=None)
+        assert got["loss"] == pytest.approx(want["loss"], rel=1e-9)
+        assert got["grad_norm"] == pytest.approx(want["grad_norm"], rel=1e-9)
+    finally:
+        distributed.shutdown()
+        local.shutdown()
+
+
 def completions_batch(prompts, completions) -> tuple[Batch, torch.Tensor]:
     """Prompts (left-padded) and their first completions (right-padded) as a batch, and the rollout's
     log-probs ``[B, R]`` (0 on padding)."""
