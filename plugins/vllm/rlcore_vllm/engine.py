@@ -35,6 +35,11 @@ from rlcore_vllm.sampling import check_prompts, check_sampling, request_seeds, t
 from rlcore_vllm.weight_stream import ModelWeights, StreamFilter
 from rlcore_vllm.worker import EXTENSION
 
+# vLLM logs several INFO lines per generate call; inside a training run they bury the progress bar.
+# vLLM reads this when it is first imported, which happens after this module is; a user's own
+# VLLM_LOGGING_LEVEL wins.
+os.environ.setdefault("VLLM_LOGGING_LEVEL", "WARNING")
+
 log = logging.getLogger(__name__)
 
 RELEASE_TAGS = ("weights", "kv_cache")
