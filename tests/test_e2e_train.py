@@ -52,7 +52,7 @@ def mean(values: list[float]) -> float:
 
 
 def test_default_run_learns_the_builtin_task(tmp_path):
-    steps = 20  # of 30 by default
+    steps = 20  # of 25 by default
     output, run_dir = rlcore_train(tmp_path, "default", f"trainer.total_steps={steps}")
 
     config = yaml.safe_load((run_dir / "config.yaml").read_text())
