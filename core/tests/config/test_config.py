@@ -6,9 +6,15 @@ from rlcore.config.schema import RLConfig
 
 
 def test_defaults_structure_and_plugin_sections():
+    from rlcore.tasks.copy_word import RECIPE
+
     config = load_config(engine="fsdp", rollout="vllm")
     assert isinstance(config, RLConfig)
-    assert config.trainer.total_steps == RLConfig().trainer.total_steps
+    # Without training files the built-in task's recipe sits under the user's settings ...
+    assert config.trainer.total_steps == RECIPE["trainer"]["total_steps"]
+    # ... and with the user's own data, the schema's defaults hold.
+    own = load_config(engine="fsdp", rollout="vllm", overrides=["data.train_files=a.jsonl"])
+    assert own.trainer.total_steps == RLConfig().trainer.total_steps
     assert set(config.plugins) == {"fsdp", "vllm"}
     data = to_dict(config)
     assert data["fsdp"]["cpu_offload"] is False and "plugins" not in data
