@@ -64,11 +64,14 @@ def _stop(process: subprocess.Popen, grace_s: float) -> None:
 def two_nodes(tmp_path_factory):
     stop_ray()
     logs = tmp_path_factory.mktemp("ray-nodes")
-    # Both nodes and this driver must agree on authentication. Ray caches the mode in-process at its
-    # first start (an embedded start sets RAY_AUTH_MODE=token), so follow this process: its mode, else
-    # token (Ray's default for new clusters; the nodes share the token in ~/.ray/auth_token).
+    # Both nodes and this driver must agree on authentication. The driver's mode is fixed in-process
+    # (at import, from RAY_AUTH_MODE; disabled when unset) and changing the variable later does not
+    # change it, so start the nodes in whatever mode this process actually has (token mode shares the
+    # token in ~/.ray/auth_token).
+    from ray._private.authentication.authentication_utils import is_token_auth_enabled
+
     previous = os.environ.get("RAY_AUTH_MODE")
-    os.environ["RAY_AUTH_MODE"] = previous or "token"
+    os.environ["RAY_AUTH_MODE"] = "token" if is_token_auth_enabled() else "disabled"
     env = dict(os.environ)
     port = _free_port()
     common = ["--num-cpus=1", "--disable-usage-stats", "--block"]
