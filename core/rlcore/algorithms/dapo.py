@@ -156,7 +156,10 @@ class DynamicSampler:
         return self.full
 
     def take(self) -> Batch:
-        """The first ``num_groups`` kept groups (all their samples, in arrival order); resets the sampler."""
+        """The first ``num_groups`` kept groups (all their samples, in arrival order); resets the sampler.
+
+        Generation batches of different prompt and response widths merge into the standard layout
+        (:meth:`Batch.concat <rlcore.api.Batch.concat>`)."""
         if not self.full:
             raise RuntimeError(
                 f"DynamicSampler has {self.num_kept_groups} of {self.num_groups} groups: add more batches first"

@@ -25,7 +25,14 @@ key                    shape        meaning
 =====================  ===========  ==========================================================
 
 Per-sample objects: ``uid`` (group id: samples of one prompt share it), ``data_source``,
-``ground_truth``, ``extra_info``, ``response_text``.
+``ground_truth``, ``extra_info``, ``response_text``. Meta: ``pad_token_id``, the id token fields are
+padded with (set by :func:`~rlcore.rollout.batching.completions_to_batch`).
+
+Engines find each response at column ``P = T - R`` of the ``[B, P+R]`` fields (``R =
+responses.shape[1]``, 0 in a batch of prompts only). :meth:`Batch.concat` keeps that when batches of
+different ``P`` and ``R`` meet (DAPO's generation rounds): the merged batch has the widest ``P`` and
+``R``; the prompt part of :data:`SEQUENCE_KEYS` and the :data:`PROMPT_KEYS` are left-padded, the
+response part and every other field right-padded.
 """
 
 from __future__ import annotations
@@ -34,6 +41,14 @@ from collections.abc import Iterable, Mapping, Sequence
 from typing import Any
 
 import torch
+
+#: ``[B, P+R]`` fields: a left-padded prompt of width ``P``, then a right-padded response of width ``R``.
+SEQUENCE_KEYS = ("input_ids", "attention_mask", "position_ids")
+#: ``[B, P]`` fields, left-padded.
+PROMPT_KEYS = ("prompts", "prompt_mask")
+#: Token id fields, padded with ``meta["pad_token_id"]``. Other fields pad with 0, except that
+#: ``position_ids`` repeats each row's last position on the right (as ``completions_to_batch`` does).
+TOKEN_KEYS = ("prompts", "responses", "input_ids")
 
 
 class Batch:
@@ -155,7 +170,11 @@ class Batch:
 
     @staticmethod
     def concat(batches: Iterable[Batch]) -> Batch:
-        """Rows of all ``batches`` in order; they must have the same fields. Meta comes from the first."""
+        """Rows of all ``batches`` in order; they must have the same fields. Meta comes from the first.
+
+        Parts of different widths are padded to the widest in the standard layout (see the module
+        docstring); padding a token field needs the parts' common ``meta["pad_token_id"]``.
+        """
         batches = [b for b in batches if b is not None]
         if not batches:
             return Batch()
@@ -165,10 +184,7 @@ class Batch:
                 raise ValueError(
                     f"cannot concat batches with different fields: {sorted(keys)} vs {sorted(b.keys())}"
                 )
-        tensors = {}
-        for k in batches[0].tensors:
-            parts = [b.tensors[k] for b in batches]
-            tensors[k] = torch.cat(_pad_to_common(parts), dim=0)
+        tensors = {k: torch.cat(_pad_to_common(k, batches), dim=0) for k in batches[0].tensors}
         objects = {k: [x for b in batches for x in b.objects[k]] for k in batches[0].objects}
         return Batch(tensors, objects, batches[0].meta)
 
@@ -176,9 +192,49 @@ class Batch:
         return Batch({k: v.to(device) for k, v in self.tensors.items()}, self.objects, self.meta)
 
 
-def _pad_to_common(parts: list[torch.Tensor]) -> list[torch.Tensor]:
-    """Right-pad dim 1 with zeros so batches from different generation rounds concatenate."""
-    if parts[0].dim() < 2 or len({p.shape[1:] for p in parts}) == 1:
+def _pad_to_common(key: str, batches: list[Batch]) -> list[torch.Tensor]:
+    """Field ``key`` of each batch, padded on dim 1 to the merged batch's width of it."""
+    parts = [b.tensors[key] for b in batches]
+    if parts[0].dim() < 2:
         return parts
-    width = max(p.shape[1] for p in parts)
-    return [torch.nn.functional.pad(p, (0, 0) * (p.dim() - 2) + (0, width - p.shape[1])) for p in parts]
+    widths = [p.shape[1] for p in parts]
+    if key in SEQUENCE_KEYS:
+        responses = [b.tensors["responses"].shape[1] if "responses" in b.tensors else 0 for b in batches]
+        prompts = [w - r for w, r in zip(widths, responses, strict=True)]
+        if min(prompts) < 0:
+            i = prompts.index(min(prompts))
+            raise ValueError(
+                f"cannot concat: batch {i}'s {key} is {widths[i]} wide, narrower than its responses "
+                f"({responses[i]}); a [B, P+R] field must end with the response"
+            )
+        lefts = [max(prompts) - p for p in prompts]
+        rights = [max(responses) - r for r in responses]
+    elif key in PROMPT_KEYS:
+        lefts, rights = [max(widths) - w for w in widths], [0] * len(parts)
+    else:
+        lefts, rights = [0] * len(parts), [max(widths) - w for w in widths]
+    if not any(lefts) and not any(rights):
+        return parts
+    value = _pad_token_id(key, batches) if key in TOKEN_KEYS else 0
+    return [
+        _pad(p, left, right, value, repeat_last=key == "position_ids")
+        for p, left, right in zip(parts, lefts, rights, strict=True)
+    ]
+
+
+def _pad_token_id(key: str, batches: list[Batch]) -> int:
+    ids = [b.meta.get("pad_token_id") for b in batches]
+    if None in ids or len(set(ids)) > 1:
+        raise ValueError(
+            f"cannot concat batches of different widths: padding {key!r} needs one meta['pad_token_id'], "
+            f"the batches have {ids}; build them with completions_to_batch (which sets it) or set it in their meta"
+        )
+    return ids[0]
+
+
+def _pad(x: torch.Tensor, left: int, right: int, value: int, repeat_last: bool) -> torch.Tensor:
+    if repeat_last and right and x.shape[1]:
+        # Right padding holds the row's last position, as cumsum(attention_mask) - 1 lays it out.
+        last = x[:, -1:].expand(-1, right, *x.shape[2:])
+        x, right = torch.cat([x, last], dim=1), 0
+    return torch.nn.functional.pad(x, (0, 0) * (x.dim() - 2) + (left, right), value=value)

@@ -33,7 +33,8 @@ def completions_to_batch(
     (``cumsum(attention_mask) - 1``, 0 on left padding, the last real position repeated on right
     padding), ``response_mask [B, R]`` (1 on response tokens, the final eos included), all int64; and
     ``rollout_log_probs [B, R]`` float32 (0 on padding) when the completions carry log-probs.
-    Objects: ``response_text``, ``finish_reason``.
+    Objects: ``response_text``, ``finish_reason``. Meta: ``pad_token_id`` (by which
+    :meth:`Batch.concat <rlcore.api.Batch.concat>` pads batches of other widths to this layout).
     """
     flat = _flatten(completions)
     if not flat:
@@ -81,7 +82,7 @@ def completions_to_batch(
     if log_probs is not None:
         tensors["rollout_log_probs"] = log_probs
     objects = {"response_text": [c.text for c in flat], "finish_reason": [c.finish_reason for c in flat]}
-    return Batch(tensors, objects)
+    return Batch(tensors, objects, {"pad_token_id": pad_token_id})
 
 
 def _flatten(completions: Sequence[Completion] | Sequence[Sequence[Completion]]) -> list[Completion]:

@@ -173,26 +173,3 @@ def test_remax_baseline_is_the_greedy_score_of_each_prompt(tmp_path, tiny_model_
     mask = batch["response_mask"].bool()
     expected = (scores - batch["reward_baselines"].double())[:, None].expand_as(mask)
     assert torch.allclose(batch["advantages"].double()[mask], expected[mask], atol=1e-5)
-
-
-def test_realign_restores_the_layout_of_merged_generation_batches():
-    from rlcore.api import Batch, Completion
-    from rlcore.controller.flows.dapo import realign
-    from rlcore.rollout.batching import completions_to_batch
-
-    first = [
-        Completion([5, 6], [7, 8, 9], [-0.1, -0.2, -0.3], "length"),
-        Completion([4], [3], [-0.5], "stop"),
-    ]
-    second = [Completion([1, 2, 3, 4], [9, 9], [-0.7, -0.8], "length")]
-    parts = []
-    for completions in (first, second):
-        part = completions_to_batch(completions, pad_token_id=0)
-        part.tensors["prompt_width"] = torch.full((len(part),), part["prompts"].shape[1])
-        parts.append(part)
-    merged = realign(Batch.concat(parts), pad_token_id=0)
-    # The reference: the same completions laid out together in one go.
-    expected = completions_to_batch(first + second, pad_token_id=0)
-    assert "prompt_width" not in merged
-    for key in expected.tensors:
-        assert torch.equal(merged[key], expected[key]), key

@@ -77,3 +77,15 @@ def test_errors_name_the_row():
         completions_to_batch(["oops"], PAD)
     with pytest.raises(ValueError, match="no completions"):
         completions_to_batch([], PAD)
+
+
+def test_generation_batches_of_different_widths_concat_into_the_layout_of_one():
+    # DAPO merges generation rounds whose prompt and response widths differ.
+    first = [completion([5, 6], [7, 8, 9], [-0.1, -0.2, -0.3]), completion([4], [3], [-0.5])]
+    second = [completion([1, 2, 3, 4], [9, 9], [-0.7, -0.8])]
+    merged = Batch.concat([completions_to_batch(c, pad_token_id=-1) for c in (first, second)])
+    expected = completions_to_batch(first + second, pad_token_id=-1)
+    assert sorted(merged.tensors) == sorted(expected.tensors)
+    for key in expected.tensors:
+        assert torch.equal(merged[key], expected[key]), key
+    assert merged.meta == expected.meta == {"pad_token_id": -1}

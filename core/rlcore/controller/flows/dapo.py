@@ -12,8 +12,6 @@ from __future__ import annotations
 import logging
 from typing import Any, ClassVar
 
-import torch
-
 from rlcore.algorithms.dapo import DynamicSampler, apply_overlong_penalty, group_metric
 from rlcore.algorithms.losses import ActorLoss
 from rlcore.api import Algorithm, Batch
@@ -79,31 +77,6 @@ def filter_metric(batch: Batch, metric: str) -> list[float]:
         return group_metric(batch, "seq_reward")
 
 
-def realign(batch: Batch, pad_token_id: int) -> Batch:
-    """Restore the standard layout of rows merged from generation batches of different prompt widths.
-
-    ``Batch.concat`` right-pads ``[B, P+R]`` fields, which moves the responses of rows from a narrower
-    batch off column ``P`` (engines find responses there). ``prompt_width [B]``, recorded at generation,
-    says where each row's prompt ends: prompts are left-padded again to the widest, and ``input_ids``,
-    ``attention_mask``, ``position_ids`` rebuilt (``[B, R]`` fields are right-padded, hence already right).
-    """
-    widths = batch.tensors.pop("prompt_width").tolist()
-    width, rows = max(widths), len(batch)
-    prompts = torch.full((rows, width), pad_token_id, dtype=torch.long)
-    prompt_mask = torch.zeros((rows, width), dtype=torch.long)
-    for i, w in enumerate(widths):
-        prompts[i, width - w :] = batch["prompts"][i, :w]
-        prompt_mask[i, width - w :] = batch["attention_mask"][i, :w]
-    attention_mask = torch.cat([prompt_mask, batch["response_mask"].long()], dim=1)
-    batch.tensors.update(
-        prompts=prompts,
-        input_ids=torch.cat([prompts, batch["responses"]], dim=1),
-        attention_mask=attention_mask,
-        position_ids=(attention_mask.cumsum(dim=1) - 1).clamp(min=0),
-    )
-    return batch
-
-
 class DAPO(Algorithm):
     """Decoupled clip and dynamic sampling policy optimization."""
 
@@ -127,13 +100,12 @@ class DAPO(Algorithm):
         sampler = DynamicSampler(len(prompts), filtering.max_num_gen_batches)
         while True:
             batch = self.generate_and_score(ctx, prompts)
-            batch.tensors["prompt_width"] = torch.full((len(batch),), batch["prompts"].shape[1])
             if sampler.add(batch, filter_metric(batch, filtering.metric)):
                 break
             prompts = ctx.next_prompts()
         ctx.record(sampler.metrics())
         ctx.record({"dynamic_sampling/refills": sampler.num_gen_batches - 1})
-        return realign(sampler.take(), ctx.pad_token_id)
+        return sampler.take()
 
     def step(self, ctx: StepContext, prompts: Batch) -> dict[str, float]:
         if self.preset.filter_groups.enable:
