@@ -1,9 +1,10 @@
 """Algorithm control flows, one module per family, and the resolution of a run's algorithm preset.
 
 Each flow is an :class:`rlcore.api.Algorithm` whose ``step(ctx, prompts)`` reads top to bottom as named
-phases (:mod:`rlcore.controller.flows.phases`). They are registered as the built-in algorithms by the
-default plugin :mod:`rlcore.builtin.flows` (``ALGORITHMS`` there), by the preset names of
-:mod:`rlcore.algorithms.presets`.
+phases (:mod:`rlcore.controller.flows.phases`); they share one constructor, that of
+:class:`rlcore.controller.flows.base.Flow` (the preset and the actor's loss). They are registered as the
+built-in algorithms by the default plugin :mod:`rlcore.builtin.flows` (``ALGORITHMS`` there), by the
+preset names of :mod:`rlcore.algorithms.presets`.
 """
 
 from __future__ import annotations

@@ -13,8 +13,8 @@ import logging
 from typing import Any, ClassVar
 
 from rlcore.algorithms.dapo import DynamicSampler, apply_overlong_penalty, group_metric
-from rlcore.algorithms.losses import ActorLoss
-from rlcore.api import Algorithm, Batch
+from rlcore.api import Batch
+from rlcore.controller.flows.base import Flow
 from rlcore.controller.flows.context import StepContext
 from rlcore.controller.flows.phases import (
     compute_advantages,
@@ -77,14 +77,13 @@ def filter_metric(batch: Batch, metric: str) -> list[float]:
         return group_metric(batch, "seq_reward")
 
 
-class DAPO(Algorithm):
+class DAPO(Flow):
     """Decoupled clip and dynamic sampling policy optimization."""
 
     preset_name: ClassVar[str] = "dapo"
 
     def __init__(self, preset: Any, config: Any):
-        self.preset = preset
-        self.actor_loss = ActorLoss.from_preset(preset, loss_scale_factor=config.rollout.max_response_length)
+        super().__init__(preset, config)
         self.buffer_len = overlong_buffer_len(preset, config.rollout.max_response_length)
 
     def generate_and_score(self, ctx: StepContext, prompts: Batch) -> Batch:

@@ -7,10 +7,10 @@ and where KL enters (a loss term for GRPO, a reward penalty for RLOO and REINFOR
 
 from __future__ import annotations
 
-from typing import Any, ClassVar
+from typing import ClassVar
 
-from rlcore.algorithms.losses import ActorLoss
-from rlcore.api import Algorithm, Batch
+from rlcore.api import Batch
+from rlcore.controller.flows.base import Flow
 from rlcore.controller.flows.context import StepContext
 from rlcore.controller.flows.phases import (
     compute_advantages,
@@ -24,15 +24,11 @@ from rlcore.controller.flows.phases import (
 from rlcore.controller.metrics import batch_metrics
 
 
-class GRPO(Algorithm):
+class GRPO(Flow):
     """Group Relative Policy Optimization (Shao et al. 2024): ``rollout.n`` responses per prompt, the
     group's reward statistics as the baseline, no value model."""
 
     preset_name: ClassVar[str] = "grpo"
-
-    def __init__(self, preset: Any, config: Any):
-        self.preset = preset
-        self.actor_loss = ActorLoss.from_preset(preset, loss_scale_factor=config.rollout.max_response_length)
 
     def step(self, ctx: StepContext, prompts: Batch) -> dict[str, float]:
         batch = generate(ctx, prompts)

@@ -8,8 +8,9 @@ from __future__ import annotations
 
 from typing import Any, ClassVar
 
-from rlcore.algorithms.losses import ActorLoss, CriticLoss
-from rlcore.api import Algorithm, Batch
+from rlcore.algorithms.losses import CriticLoss
+from rlcore.api import Batch
+from rlcore.controller.flows.base import Flow
 from rlcore.controller.flows.context import StepContext
 from rlcore.controller.flows.phases import (
     compute_advantages,
@@ -25,15 +26,14 @@ from rlcore.controller.flows.phases import (
 from rlcore.controller.metrics import batch_metrics
 
 
-class PPO(Algorithm):
+class PPO(Flow):
     """Actor-critic PPO with GAE advantages."""
 
     preset_name: ClassVar[str] = "ppo"
     roles: ClassVar[tuple[str, ...]] = ("critic",)
 
     def __init__(self, preset: Any, config: Any):
-        self.preset = preset
-        self.actor_loss = ActorLoss.from_preset(preset, loss_scale_factor=config.rollout.max_response_length)
+        super().__init__(preset, config)
         self.critic_loss = CriticLoss.from_preset(preset, cliprange_value=config.critic.cliprange_value)
 
     def step(self, ctx: StepContext, prompts: Batch) -> dict[str, float]:

@@ -6,12 +6,12 @@ score is subtracted from the sampled responses' returns.
 
 from __future__ import annotations
 
-from typing import Any, ClassVar
+from typing import ClassVar
 
 import torch
 
-from rlcore.algorithms.losses import ActorLoss
-from rlcore.api import Algorithm, Batch
+from rlcore.api import Batch
+from rlcore.controller.flows.base import Flow
 from rlcore.controller.flows.context import StepContext
 from rlcore.controller.flows.phases import (
     compute_advantages,
@@ -32,14 +32,10 @@ def greedy_baselines(ctx: StepContext, prompts: Batch) -> list[float]:
     return greedy["token_level_scores"].double().sum(-1).tolist()
 
 
-class ReMax(Algorithm):
+class ReMax(Flow):
     """ReMax: sampled responses minus the greedy response's reward; KL as a reward penalty."""
 
     preset_name: ClassVar[str] = "remax"
-
-    def __init__(self, preset: Any, config: Any):
-        self.preset = preset
-        self.actor_loss = ActorLoss.from_preset(preset, loss_scale_factor=config.rollout.max_response_length)
 
     def step(self, ctx: StepContext, prompts: Batch) -> dict[str, float]:
         baselines = greedy_baselines(ctx, prompts)

@@ -1,0 +1,20 @@
+"""What every built-in flow builds before its first step: the run's preset and the actor's loss."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from rlcore.algorithms.losses import ActorLoss
+from rlcore.api import Algorithm
+
+
+class Flow(Algorithm):
+    """An :class:`~rlcore.api.Algorithm` that keeps the run's ``preset`` and trains the actor with
+    ``actor_loss``, the preset's policy loss. A subclass writes only ``step`` (and extends
+    ``__init__`` for anything else it builds, calling this one first)."""
+
+    def __init__(self, preset: Any, config: Any):
+        self.preset = preset
+        # seq-mean-token-sum-norm divides by a constant: the longest response, so that micro-batches
+        # padded to different widths share one scale.
+        self.actor_loss = ActorLoss.from_preset(preset, loss_scale_factor=config.rollout.max_response_length)
