@@ -15,6 +15,7 @@ from typing import Any
 import torch
 
 from rlcore.api import Batch, Completion, EngineSpec, LossFn, RolloutSpec, SamplingParams
+from rlcore.controller.balance import balanced_order, inverse
 from rlcore.controller.group import LocalGroup, WorkerGroup, wait_all
 from rlcore.controller.placement import PoolSlot
 
@@ -47,10 +48,16 @@ def _row_slices(batch: Batch, size: int) -> list[Batch]:
 
 
 class TrainRole:
-    """One train-engine role (``name``: ``actor``, ``critic``, ``reference`` ...) over its group."""
+    """One train-engine role (``name``: ``actor``, ``critic``, ``reference`` ...) over its group.
 
-    def __init__(self, name: str, group: WorkerGroup):
-        self.name, self.group = name, group
+    ``balance_batch`` (``trainer.balance_batch``): before a batch is split over data-parallel ranks,
+    its rows are reordered so that every rank gets about the same number of tokens
+    (``attention_mask.sum(-1)``; :mod:`rlcore.controller.balance`), in shards of the same row counts.
+    Which rows share a mini-batch does not change, and ``infer`` returns rows in the caller's order.
+    """
+
+    def __init__(self, name: str, group: WorkerGroup, *, balance_batch: bool = True):
+        self.name, self.group, self.balance_batch = name, group, balance_batch
 
     @property
     def world_size(self) -> int:
@@ -60,18 +67,28 @@ class TrainRole:
     def dp_size(self) -> int:
         return self.group.dp_size
 
+    def _shard_order(self, batch: Batch) -> list[int] | None:
+        """The row order whose ``dp_size`` consecutive shards carry about equal tokens; ``None``: keep
+        the batch as it is (balancing off, one rank, no ``attention_mask``, or already balanced)."""
+        if not self.balance_batch or self.dp_size == 1 or "attention_mask" not in batch.tensors:
+            return None
+        order = balanced_order(batch["attention_mask"].sum(-1).tolist(), self.dp_size)
+        return None if order == list(range(len(order))) else order
+
     def infer(self, batch: Batch, outputs: Sequence[str] = ("log_probs",)) -> Batch:
         """Forward only: ``outputs`` (``log_probs [B, R]``, ``entropy``, ``values``, ``scores [B]``) for
         every row of ``batch``, in the batch's order."""
         if len(batch) == 0:
             raise ValueError(f"{self.name}.infer got an empty batch")
-        result = Batch.concat(self.group.dispatch("infer", batch, tuple(outputs)))
+        order = self._shard_order(batch)
+        sent = batch if order is None else batch.index(order)
+        result = Batch.concat(self.group.dispatch("infer", sent, tuple(outputs)))
         if len(result) != len(batch):
             raise RuntimeError(
                 f"{self.name}.infer returned {len(result)} rows for a batch of {len(batch)}: an engine dropped "
                 f"or duplicated rows (check its holds_output() / dp_rank_and_size())"
             )
-        return result
+        return result if order is None else result.index(inverse(order))
 
     def train(
         self,
@@ -86,7 +103,8 @@ class TrainRole:
         the whole batch), one optimizer step each. Before each step the mini-batch's ``meta`` gets
         ``global_tokens`` (its ``response_mask.sum()`` over all DP ranks) and ``global_sequences`` (its
         rows), by which ``loss_fn`` normalises. ``shuffle_seed``: rows are permuted per epoch (seeded
-        with ``shuffle_seed + epoch``). Returns the engine's metrics (its keys) averaged over ranks, then
+        with ``shuffle_seed + epoch``); with ``balance_batch`` each mini-batch's rows are then reordered
+        for its split over DP ranks. Returns the engine's metrics (its keys) averaged over ranks, then
         over the steps."""
         if len(batch) == 0:
             raise ValueError(f"{self.name}.train got an empty batch")
@@ -109,6 +127,10 @@ class TrainRole:
                 )
                 data = batch.index(order)
             for mini in _row_slices(data, size):
+                # Balance within the mini-batch: its rows make one optimizer step whatever their order.
+                order = self._shard_order(mini)
+                if order is not None:
+                    mini = mini.index(order)
                 mini.meta["global_tokens"] = int(mini["response_mask"].sum())
                 mini.meta["global_sequences"] = len(mini)
                 steps.append(_mean_metrics(self.group.dispatch("train_step", mini, loss_fn)))
@@ -265,13 +287,16 @@ def make_train_role(
     backend: str = "ray",
     slot: PoolSlot | None = None,
     device: str = "auto",
+    balance_batch: bool = True,
     **ray_options: Any,
 ) -> TrainRole:
-    """A train role on ``backend`` (``ray``: actors in ``slot``; ``local``: in this process)."""
+    """A train role on ``backend`` (``ray``: actors in ``slot``; ``local``: in this process);
+    ``balance_batch`` as in :class:`TrainRole`."""
     if backend == "local":
         return TrainRole(
             name,
             LocalGroup.train(name, engine_name, spec, engine_config, world_size=world_size, device=device),
+            balance_batch=balance_batch,
         )
     if backend != "ray":
         raise ValueError(f"trainer.backend must be 'ray' or 'local', got {backend!r}")
@@ -280,7 +305,7 @@ def make_train_role(
     group = RayGroup.train(
         name, engine_name, spec, engine_config, world_size=world_size, slot=slot, device=device, **ray_options
     )
-    return TrainRole(name, group)
+    return TrainRole(name, group, balance_batch=balance_batch)
 
 
 def make_rollout_role(

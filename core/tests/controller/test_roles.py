@@ -1,6 +1,7 @@
 """Role handles on the fake engines: mini-batch splitting and the global token counts engines receive,
-the Ray backend computing what the in-process backend computes, weight sync through every transport,
-release/resume, and rollout order over several engines."""
+the Ray backend computing what the in-process backend computes, token-balanced shards computing what
+consecutive shards compute, weight sync through every transport, release/resume, and rollout order over
+several engines."""
 
 import sys
 
@@ -86,7 +87,7 @@ def test_train_splits_mini_batches_and_sets_global_counts(ray_actor):
     assert len(rank0) == len(rank1) == 6  # 2 epochs x mini-batches of 4, 4, 2 rows
     totals = []
     for (rows0, meta0), (rows1, meta1) in zip(rank0, rank1, strict=True):
-        mini = rows0 + rows1  # DP rank 0 gets the first half of each mini-batch, rank 1 the rest
+        mini = rows0 + rows1  # DP rank 0 gets one shard of each mini-batch, rank 1 the other
         assert len(rows0) - len(rows1) in (0, 1)
         tokens = sum(lengths[r] for r in mini)
         assert meta0 == meta1 == {"global_tokens": tokens, "global_sequences": len(mini)}
@@ -104,9 +105,10 @@ def test_train_splits_mini_batches_and_sets_global_counts(ray_actor):
     assert {"loss", "grad_norm", "lr", "nll"} <= set(metrics)
 
 
-def test_train_without_shuffling_keeps_row_order(ray_actor):
+def test_train_without_shuffling_or_balancing_keeps_row_order(ray_actor):
     before = [len(steps) for steps in ray_actor.group.call_all("recorded")]
-    ray_actor.train(numbered_batch(5), token_nll_loss, mini_batch_size=None)
+    unbalanced = TrainRole("actor", ray_actor.group, balance_batch=False)
+    unbalanced.train(numbered_batch(5), token_nll_loss, mini_batch_size=None)
     (rows0, meta0), (rows1, _) = (
         s[b] for s, b in zip(ray_actor.group.call_all("recorded"), before, strict=True)
     )
@@ -135,6 +137,40 @@ def test_ray_backend_trains_as_the_in_process_backend_does(ray_session):
     finally:
         distributed.shutdown()
         local.shutdown()
+
+
+def test_balanced_shards_train_and_infer_as_consecutive_shards_do(ray_session):
+    # Balancing moves rows between the DP ranks of one mini-batch. Losses are divided by the mini-batch's
+    # global counts and gradients summed over ranks, so losses, gradient norms, a globally normalised
+    # metric (nll) and the trained model must be those of consecutive shards; infer keeps row order.
+    def kwargs(rank, dist):
+        return {"role": "actor", "engine_name": "fake", "spec": SPEC, "dist": dist, "device": "cpu"}
+
+    balanced = TrainRole("actor", RayGroup("actor", RecordingWorker, kwargs, 2))
+    plain = TrainRole("actor", RayGroup("actor", RecordingWorker, kwargs, 2), balance_batch=False)
+    try:
+        batch = numbered_batch(12)  # mini-batches of 6 rows: shards of 3 rows, 2 micro-batches each
+        for seed in (1, 2):
+            got = balanced.train(batch, token_nll_loss, mini_batch_size=6, epochs=2, shuffle_seed=seed)
+            want = plain.train(batch, token_nll_loss, mini_batch_size=6, epochs=2, shuffle_seed=seed)
+            assert set(got) == set(want)
+            for key, value in want.items():
+                assert got[key] == pytest.approx(value, rel=1e-9), key
+        seen = [balanced.group.call_all("recorded"), plain.group.call_all("recorded")]
+        shards = [[rows for rank in role for rows, _ in rank] for role in seen]
+        assert shards[0] != shards[1]  # balancing did move rows between ranks
+        steps = [[sorted(a + b) for (a, _), (b, _) in zip(*role, strict=True)] for role in seen]
+        assert steps[0] == steps[1]  # ... but never between mini-batches
+        probe = numbered_batch(11)
+        probe = probe.index(probe["attention_mask"].sum(1).argsort(descending=True))  # longest first
+        assert balanced._shard_order(probe) is not None
+        outputs = ("log_probs", "entropy")
+        got, want = balanced.infer(probe, outputs), plain.infer(probe, outputs)
+        for key in outputs:
+            torch.testing.assert_close(got[key], want[key], rtol=0, atol=1e-10)
+    finally:
+        balanced.shutdown()
+        plain.shutdown()
 
 
 def test_a_rank_without_rows_still_joins_the_step(ray_session):
