@@ -254,6 +254,12 @@ class TrainerConfig:
     #: Colocated placement: also move the train roles' weights and optimizer state off the devices while
     #: the rollout generates (room for a larger KV cache, at the cost of a copy each way every step).
     release_train_in_rollout: bool = False
+    #: Before a train role splits a batch over its data-parallel ranks (each mini-batch of an update,
+    #: each ``infer``), reorder its rows so every rank gets about the same number of tokens
+    #: (``attention_mask`` sums; Karmarkar-Karp over equal row counts), so they wait less for each other
+    #: at every all-reduce. Mini-batches, losses and gradients stay the same (to float rounding); metrics
+    #: averaged over micro-batches (``actor/pg_clipfrac`` ...) can shift, as micro-batches hold other rows.
+    balance_batch: bool = True
     #: Ray cluster to join (``auto``, ``host:port``, ``ray://...``); ``None`` starts a local one
     #: (``RAY_ADDRESS`` is used when set).
     ray_address: str | None = None

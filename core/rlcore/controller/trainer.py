@@ -127,6 +127,7 @@ def build_roles(config: Any, train_roles: Sequence[str], on_built: Callable[[Any
             backend=backend,
             slot=slot(name),
             device=config.trainer.device,
+            balance_batch=config.trainer.balance_batch,
         )
         for name in train_roles
     }
