@@ -1,37 +1,32 @@
 """Training throughput of rlcore's FSDP engine next to a naive Hugging Face loop: tokens/s and MFU.
 
-Every system trains the same random model (a Qwen2.5-0.5B- or 1.5B-shaped ``Qwen2Config``, built here:
-no download) on the same RL-like steps: sequences of 128-1024 real tokens (uniform), a quarter prompt
-(left-padded) and the rest response (right-padded), about ``--tokens-per-step`` real tokens per GPU and
-step, split into micro-batches of at most ``--max-tokens-per-micro-batch`` tokens. The loss is the
-response-token NLL divided by the step's global response-token count (rlcore's normalisation).
+Every system trains the same random model on the same RL-like steps (``benchmarks/_workload.py``: a
+Qwen2.5-0.5B- or 1.5B-shaped model, sequences of 128-1024 real tokens, about ``--tokens-per-step`` real
+tokens per GPU and step, micro-batches of at most ``--max-tokens-per-micro-batch`` tokens, the
+response-token NLL over the global token count). Each GPU trains its share of every step's sequences,
+split as rlcore's controller splits them (token-balanced, ``trainer.balance_batch``).
 
 Systems (``--systems``):
 
 - ``hf-naive``: ``AutoModelForCausalLM`` in bf16 (parameters and AdamW state), SDPA, full logits and
   HF's own loss; each micro-batch right-padded to its longest row; DDP when on more than one GPU.
-- ``fsdp-bf16``: ``FSDPEngine`` with bf16 parameters (as the naive loop), padded micro-batches.
-- ``fsdp-mp``: ``FSDPEngine`` with fp32 parameters and bf16 mixed precision (the usual RL setting).
-- ``fsdp-mp-packed``: as ``fsdp-mp`` with ``use_remove_padding`` (padding-free packed rows).
+- ``fsdp-mp``: ``FSDPEngine`` with fp32 parameters and bf16 mixed precision (the usual RL setting),
+  padded micro-batches, SDPA.
+- ``fsdp-mp-packed``: as ``fsdp-mp`` with ``use_remove_padding`` and Hugging Face's SDPA, which keeps the
+  packed sequences apart with an ``[N, N]`` block-diagonal mask.
+- ``fsdp-mp-varlen``: as ``fsdp-mp`` with ``use_remove_padding`` and ``attn_implementation=varlen``
+  (PyTorch's flash var-len kernel: attention work ``sum L**2``): rlcore's recommended GPU setting.
+- ``fsdp-mp-varlen-compile``: as ``fsdp-mp-varlen`` with ``fsdp.compile`` (each decoder layer compiled).
+- ``fsdp-bf16-varlen``: as ``fsdp-mp-varlen`` but with bf16 parameters and optimizer state, as the
+  naive loop keeps them.
 
-FLOPs are *model* FLOPs of the real (unpadded) tokens, the usual MFU convention, per step::
-
-    FLOPs = 6 * N * T  +  6 * n_layers * d_attn * sum_s L_s**2
-
-- ``N``: parameters of all matrix multiplications (attention q/k/v/o, MLP, and the output layer
-  ``vocab x hidden`` once even when tied to the embedding, whose lookup costs nothing); ``6 * N`` per
-  token is 2 (multiply-add) x 3 (forward + two backward matmuls).
-- ``T = sum_s L_s``: real tokens of the step over all GPUs; ``L_s`` the length of sequence ``s``.
-- Attention scores and the weighted sum of values each cost ``L**2 * d_attn / 2`` multiply-adds per
-  layer under a causal mask (``d_attn = heads * head_dim``): ``2 * L**2 * d_attn`` FLOPs forward, times
-  3 for training.
-- Not counted: padding, activation recomputation (gradient checkpointing, the engine's chunked logits),
-  norms, softmax, the optimizer.
-
-``MFU = FLOPs / step_seconds / (gpus * --peak-tflops)``; ``--peak-tflops`` defaults to the H100 SXM
-dense bf16 figure, 989 TFLOP/s. Step time is the median over ``--steps`` timed steps after
+FLOPs are the model FLOPs of the real tokens (formula in ``benchmarks/_workload.py``: ``6 N T`` plus
+causal attention ``6 n_layers d_attn sum L**2``; padding, recomputation, norms and the optimizer are
+not counted). ``MFU = FLOPs / step_seconds / (gpus * --peak-tflops)``; ``--peak-tflops`` defaults to the
+H100 SXM dense bf16 figure, 989 TFLOP/s. Step time is the median over ``--steps`` timed steps after
 ``--warmup`` untimed ones; tokens/s is the step's real tokens (all GPUs) over that time. Memory is the
-platform's ``memory_stats()`` of rank 0 after the timed steps (allocated and reserved, not the peak).
+peak allocated on rank 0 during the system's steps (``torch.accelerator``), or the process RSS on a CPU.
+``--profile DIR`` also writes, per system, the operators that took the most device time in one step.
 
 GPU runs (each GPU count in fresh processes spawned here, no torchrun)::
 
@@ -48,123 +43,29 @@ import argparse
 import gc
 import json
 import os
-import socket
 import statistics
 import sys
 import tempfile
 import time
+import traceback
 from pathlib import Path
 
 import torch
 import torch.multiprocessing as mp
+from _workload import SHAPES, free_port, nll_loss, qwen2_config, rl_batch, save_random_model, step_flops
 from rlcore.api import Batch, DistInfo, EngineSpec
+from rlcore.controller.balance import balanced_order
 from rlcore.devices import get_platform
 
-SHAPES = {
-    "qwen2.5-0.5b": dict(
-        hidden_size=896,
-        intermediate_size=4864,
-        num_hidden_layers=24,
-        num_attention_heads=14,
-        num_key_value_heads=2,
-    ),
-    "qwen2.5-1.5b": dict(
-        hidden_size=1536,
-        intermediate_size=8960,
-        num_hidden_layers=28,
-        num_attention_heads=12,
-        num_key_value_heads=2,
-    ),
-    "tiny": dict(
-        hidden_size=64,
-        intermediate_size=128,
-        num_hidden_layers=2,
-        num_attention_heads=4,
-        num_key_value_heads=2,
-    ),
-}
-VOCAB = {"tiny": 512}
-SYSTEMS = ("hf-naive", "fsdp-bf16", "fsdp-mp", "fsdp-mp-packed")
-
-
-# -- model and data ----------------------------------------------------------------------------------
-def qwen2_config(name: str):
-    from transformers import Qwen2Config
-
-    shape = SHAPES[name]
-    return Qwen2Config(
-        **shape,
-        vocab_size=VOCAB.get(name, 151936),
-        head_dim=shape["hidden_size"] // shape["num_attention_heads"],
-        max_position_embeddings=32768,
-        tie_word_embeddings=True,
-        rms_norm_eps=1e-6,
-    )
-
-
-def save_random_model(name: str, folder: Path, device: torch.device) -> Path:
-    """A random-init Qwen2 causal LM of shape ``name``, saved in bf16 (built on ``device``: fast)."""
-    from transformers import Qwen2ForCausalLM
-
-    path = folder / name
-    if (path / "config.json").is_file():
-        return path
-    torch.manual_seed(0)
-    with torch.device(device):
-        model = Qwen2ForCausalLM(qwen2_config(name)).to(torch.bfloat16)
-    model.save_pretrained(str(path))
-    del model
-    return path
-
-
-def matmul_params(config) -> int:
-    """``N`` of the FLOP formula: matrix-multiply parameters, output layer counted once."""
-    h, layers = config.hidden_size, config.num_hidden_layers
-    q = config.num_attention_heads * config.head_dim
-    kv = config.num_key_value_heads * config.head_dim
-    per_layer = h * q + 2 * h * kv + q * h + 3 * h * config.intermediate_size
-    return layers * per_layer + config.vocab_size * h
-
-
-def step_flops(config, lengths: list[int]) -> float:
-    d_attn = config.num_attention_heads * config.head_dim
-    dense = 6 * matmul_params(config) * sum(lengths)
-    attention = 6 * config.num_hidden_layers * d_attn * sum(n * n for n in lengths)
-    return float(dense + attention)
-
-
-def rl_batch(tokens: int, min_len: int, max_len: int, vocab: int, seed: int) -> tuple[Batch, list[int]]:
-    """Sequences of ``min_len..max_len`` real tokens until ``tokens`` are reached, laid out as rlcore
-    batches are (left-padded prompts, right-padded responses)."""
-    g = torch.Generator().manual_seed(seed)
-    lengths: list[int] = []
-    while sum(lengths) < tokens:
-        lengths.append(int(torch.randint(min_len, max_len + 1, (1,), generator=g)))
-    prompt_lens = [max(1, n // 4) for n in lengths]
-    P, R = max(prompt_lens), max(n - p for n, p in zip(lengths, prompt_lens, strict=True))
-    b = len(lengths)
-    input_ids = torch.zeros(b, P + R, dtype=torch.long)
-    mask = torch.zeros(b, P + R, dtype=torch.long)
-    for i, (n, p) in enumerate(zip(lengths, prompt_lens, strict=True)):
-        ids = torch.randint(3, vocab, (n,), generator=g)
-        input_ids[i, P - p : P] = ids[:p]
-        input_ids[i, P : P + n - p] = ids[p:]
-        mask[i, P - p : P + n - p] = 1
-    tensors = {
-        "input_ids": input_ids,
-        "attention_mask": mask,
-        "position_ids": (mask.cumsum(1) - 1).clamp(min=0),
-        "responses": input_ids[:, P:],
-        "response_mask": mask[:, P:],
-    }
-    meta = {"global_tokens": int(mask[:, P:].sum()), "global_sequences": b}
-    return Batch(tensors, meta=meta), lengths
-
-
-def nll_loss(outputs, micro):
-    mask = micro["response_mask"].to(outputs["log_probs"].dtype)
-    loss = -(outputs["log_probs"] * mask).sum() / micro.meta["global_tokens"]
-    return loss, {}
+SYSTEMS = (
+    "hf-naive",
+    "fsdp-mp",
+    "fsdp-mp-packed",
+    "fsdp-mp-varlen",
+    "fsdp-mp-varlen-compile",
+    "fsdp-bf16-varlen",
+)
+DEFAULT_SYSTEMS = ("hf-naive", "fsdp-mp-varlen")
 
 
 # -- systems -----------------------------------------------------------------------------------------
@@ -230,18 +131,21 @@ def build_system(name: str, path: Path, platform, info: DistInfo, args):
     from rlcore_fsdp.config import FSDPConfig
     from rlcore_fsdp.engine import FSDPEngine
 
+    bf16 = name.startswith("fsdp-bf16")
+    varlen = "-varlen" in name
     spec = EngineSpec(
         model_path=str(path),
-        dtype="bfloat16" if name == "fsdp-bf16" else "float32",
+        dtype="bfloat16" if bf16 else "float32",
         lr=1e-6,
         max_tokens_per_micro_batch=args.max_tokens_per_micro_batch,
         gradient_checkpointing=args.gradient_checkpointing,
     )
     config = FSDPConfig(
-        mixed_precision=None if name == "fsdp-bf16" else "bfloat16",
-        use_remove_padding=name.endswith("packed"),
-        attn_implementation=args.attn_implementation,
+        mixed_precision=None if bf16 else "bfloat16",
+        use_remove_padding=varlen or name.endswith("-packed"),
+        attn_implementation="varlen" if varlen else "sdpa",
         logits_chunk_size=args.logits_chunk_size,
+        compile=name.endswith("-compile"),
     )
     return FSDPEngine(spec, config, platform, info)
 
@@ -258,6 +162,37 @@ def run_system(system, batches: list[Batch], platform) -> list[float]:
         platform.synchronize()
         times.append(time.perf_counter() - start)
     return times
+
+
+def shard(batch: Batch, world: int, rank: int) -> Batch:
+    """This rank's share of a step, split as rlcore's controller splits it (token-balanced)."""
+    order = balanced_order(batch["attention_mask"].sum(-1).tolist(), world)
+    return batch.index(order).chunk(world)[rank]
+
+
+def reset_peak_memory() -> None:
+    if torch.accelerator.is_available():
+        torch.accelerator.reset_peak_memory_stats()
+
+
+def peak_memory_gib(platform) -> float:
+    """Peak allocated device memory since :func:`reset_peak_memory`; on a CPU the process RSS."""
+    if torch.accelerator.is_available():
+        return torch.accelerator.max_memory_allocated() / 2**30
+    return platform.memory_stats()["allocated_gib"]
+
+
+def profile_step(system, batch: Batch, platform, path: str, rank: int) -> None:
+    """One more step under ``torch.profiler``; rank 0 writes the operators by device (else CPU) time
+    to ``path``."""
+    from torch.profiler import profile, supported_activities
+
+    with profile(activities=supported_activities()) as prof:
+        run_system(system, [batch], platform)
+    device = torch.accelerator.current_accelerator()
+    key = f"self_{device.type}_time_total" if device is not None else "self_cpu_time_total"
+    if rank == 0:
+        Path(path).write_text(prof.key_averages().table(sort_by=key, row_limit=40, max_name_column_width=60))
 
 
 # -- one process per GPU -----------------------------------------------------------------------------
@@ -282,14 +217,22 @@ def worker(rank: int, world: int, port: int, args, model_name: str, path: str, o
     tokens = [sum(lengths) for _, lengths in global_batches]
     rows = []
     for name in args.systems:
-        system = build_system(name, Path(path), platform, info, args)
-        shards = [b.chunk(world)[rank] for b, _ in global_batches]
+        shards = [shard(b, world, rank) for b, _ in global_batches]
+        reset_peak_memory()
+        error = None
         try:
+            system = build_system(name, Path(path), platform, info, args)
             times = run_system(system, shards, platform)
-            error = None
+            if args.profile:  # every rank steps (the step is collective); rank 0 writes
+                where = Path(args.profile) / f"{model_name}-{world}gpu-{name}.txt"
+                profile_step(system, shards[-1], platform, str(where), rank)
         except torch.OutOfMemoryError as exc:  # report, and go on with the next system
-            times, error = [], f"out of memory: {exc}"
-        memory = platform.memory_stats()
+            times, error = [], f"out of memory: {str(exc).splitlines()[0]}"
+        except Exception as exc:  # a broken variant must not cost the other rows (device time is scarce)
+            times, error = [], f"{type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else ''}"
+            traceback.print_exc()
+        system = None
+        memory = peak_memory_gib(platform)
         timed = times[args.warmup :]
         median = statistics.median(timed) if timed else float("nan")
         step_tokens = statistics.median(tokens[args.warmup :])
@@ -310,22 +253,17 @@ def worker(rank: int, world: int, port: int, args, model_name: str, path: str, o
                 "step_s": timed,
                 "tokens_per_step": step_tokens,
                 "flops_per_step": step_flops_,
-                "memory_gib": memory,
+                "max_tokens_per_micro_batch": args.max_tokens_per_micro_batch,
+                "gradient_checkpointing": args.gradient_checkpointing,
+                "peak_memory_gib": memory,
                 "error": error,
             }
         )
-        del system
         gc.collect()
         platform.empty_cache()
     if rank == 0:
         Path(out).write_text(json.dumps(rows))
     dist.destroy_process_group()
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def environment(platform) -> dict:
@@ -354,7 +292,7 @@ def parse_args(argv=None):
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--models", nargs="+", default=["qwen2.5-0.5b", "qwen2.5-1.5b"], choices=sorted(SHAPES))
     p.add_argument("--gpus", nargs="+", type=int, default=[1])
-    p.add_argument("--systems", nargs="+", default=list(SYSTEMS), choices=SYSTEMS)
+    p.add_argument("--systems", nargs="+", default=list(DEFAULT_SYSTEMS), choices=SYSTEMS)
     p.add_argument("--tokens-per-step", type=int, default=65536, help="real tokens per GPU and step")
     p.add_argument("--max-tokens-per-micro-batch", type=int, default=16384)
     p.add_argument("--min-len", type=int, default=128)
@@ -363,7 +301,7 @@ def parse_args(argv=None):
     p.add_argument("--warmup", type=int, default=2)
     p.add_argument("--peak-tflops", type=float, default=989.0, help="per-device peak; 0 disables MFU")
     p.add_argument("--gradient-checkpointing", action="store_true")
-    p.add_argument("--attn-implementation", default="sdpa")
+    p.add_argument("--profile", default=None, help="folder for each system's top operators (one step)")
     p.add_argument("--logits-chunk-size", type=int, default=4096)
     p.add_argument("--device", default="auto", help="rlcore device platform name")
     p.add_argument(
@@ -382,6 +320,8 @@ def parse_args(argv=None):
 
 def main(argv=None) -> None:
     args = parse_args(argv)
+    if args.profile:
+        Path(args.profile).mkdir(parents=True, exist_ok=True)
     platform = get_platform(args.device)
     folder = Path(args.model_dir or tempfile.mkdtemp(prefix="fsdp-bench-"))
     rows = []

@@ -9,11 +9,12 @@ then
    bf16 weights run in fp32 (the reference). HF's own bf16 forward is measured against the same reference;
    the engine passes when its mean error is within twice HF-bf16's (floor 1e-3), i.e. the two bf16
    implementations are equally far from exact.
-2. **throughput**: ``train_step`` on RL-like steps, the same workload as ``benchmarks/fsdp_train.py``:
+2. **throughput**: ``train_step`` on RL-like steps, the workload of ``benchmarks/_workload.py`` that
+   ``benchmarks/fsdp_train.py`` also runs:
    sequences of 128-1024 real tokens, a quarter prompt (left-padded) and the rest response
    (right-padded), ``--tokens-per-step`` real tokens per GPU and step, micro-batches of at most
    ``--max-tokens-per-micro-batch`` tokens, response-token NLL over the global token count.
-   ``tokens/s`` counts real tokens; MFU uses the FLOP formula of ``fsdp_train.py``.
+   ``tokens/s`` counts real tokens; MFU uses the FLOP formula of ``_workload.py``.
 
 GPU run (2 x H200; megatron-core from the ``base`` bundle)::
 
@@ -31,94 +32,31 @@ import argparse
 import gc
 import json
 import os
-import socket
 import statistics
 import sys
 import tempfile
 import time
 from pathlib import Path
 
+import _workload
 import torch
 import torch.multiprocessing as mp
+from _workload import free_port, nll_loss, rl_batch, step_flops
 from rlcore.api import Batch, DistInfo, EngineSpec
 from rlcore.devices import get_platform
 
 REPO = Path(__file__).resolve().parents[1]
 LAYOUTS = {"tp2": (2, 1), "pp2": (1, 2), "dp2": (1, 1)}  # (tensor, pipeline) parallel sizes on 2 ranks
-SHAPE_05B = dict(
-    hidden_size=896,
-    intermediate_size=4864,
-    num_hidden_layers=24,
-    num_attention_heads=14,
-    num_key_value_heads=2,
-    head_dim=64,
-    vocab_size=151936,
-    max_position_embeddings=32768,
-    rope_theta=1000000.0,
-    rms_norm_eps=1e-6,
-    tie_word_embeddings=True,
-)
 
 
 # -- model and data ----------------------------------------------------------------------------------
 def save_random_model(folder: Path, device: torch.device, tiny: bool) -> Path:
-    """A random-init Qwen2.5-0.5B-shaped causal LM saved in bf16 (or the tiny test model)."""
+    """The random-init Qwen2.5-0.5B-shaped causal LM of ``_workload.py`` (or the tiny test model)."""
     if tiny:
         from rlcore.testing.tiny import build_tiny_model
 
         return build_tiny_model(folder / "tiny")
-    from transformers import Qwen2Config, Qwen2ForCausalLM
-
-    path = folder / "qwen2.5-0.5b"
-    if not (path / "config.json").is_file():
-        torch.manual_seed(0)
-        with torch.device(device):
-            model = Qwen2ForCausalLM(Qwen2Config(**SHAPE_05B)).to(torch.bfloat16)
-        model.save_pretrained(str(path))
-        del model
-    return path
-
-
-def rl_batch(tokens: int, min_len: int, max_len: int, vocab: int, seed: int) -> tuple[Batch, list[int]]:
-    """Sequences of ``min_len..max_len`` real tokens until ``tokens`` are reached, laid out as rlcore
-    batches are (left-padded prompts, right-padded responses)."""
-    g = torch.Generator().manual_seed(seed)
-    lengths: list[int] = []
-    while sum(lengths) < tokens:
-        lengths.append(int(torch.randint(min_len, max_len + 1, (1,), generator=g)))
-    prompt_lens = [max(1, n // 4) for n in lengths]
-    P, R = max(prompt_lens), max(n - p for n, p in zip(lengths, prompt_lens, strict=True))
-    input_ids = torch.zeros(len(lengths), P + R, dtype=torch.long)
-    mask = torch.zeros_like(input_ids)
-    for i, (n, p) in enumerate(zip(lengths, prompt_lens, strict=True)):
-        ids = torch.randint(3, vocab, (n,), generator=g)
-        input_ids[i, P - p : P] = ids[:p]
-        input_ids[i, P : P + n - p] = ids[p:]
-        mask[i, P - p : P + n - p] = 1
-    tensors = {
-        "input_ids": input_ids,
-        "attention_mask": mask,
-        "position_ids": (mask.cumsum(1) - 1).clamp(min=0),
-        "responses": input_ids[:, P:],
-        "response_mask": mask[:, P:],
-    }
-    return Batch(
-        tensors, meta={"global_tokens": int(mask[:, P:].sum()), "global_sequences": len(lengths)}
-    ), lengths
-
-
-def nll_loss(outputs, micro):
-    mask = micro["response_mask"].to(outputs["log_probs"].dtype)
-    return -(outputs["log_probs"] * mask).sum() / micro.meta["global_tokens"], {}
-
-
-def step_flops(config, lengths: list[int]) -> float:
-    """Model FLOPs of a training step on real tokens (``fsdp_train.py``'s formula)."""
-    h, layers = config.hidden_size, config.num_hidden_layers
-    q = config.num_attention_heads * config.head_dim
-    kv = config.num_key_value_heads * config.head_dim
-    matmul = layers * (h * q + 2 * h * kv + q * h + 3 * h * config.intermediate_size) + config.vocab_size * h
-    return float(6 * matmul * sum(lengths) + 6 * layers * q * sum(n * n for n in lengths))
+    return _workload.save_random_model("qwen2.5-0.5b", folder, device)
 
 
 # -- one process per GPU -----------------------------------------------------------------------------
@@ -231,12 +169,6 @@ def errors(ours: dict, ref: dict, mask: torch.Tensor) -> dict[str, float]:
 
 
 # -- driver -----------------------------------------------------------------------------------------
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 def environment(platform) -> dict:
     import megatron.core
     import transformers

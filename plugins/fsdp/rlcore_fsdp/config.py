@@ -2,10 +2,11 @@
 
 import attrs
 
-#: Attention backends whose Hugging Face code keeps packed sequences apart using ``position_ids`` resets
-#: (``sdpa``/``eager`` through a block-diagonal mask in ``transformers.masking_utils``, flash-attention
-#: through its var-len kernels). The engine also probes the loaded model before it packs anything.
-PACKING_ATTENTION = ("sdpa", "eager", "flash_attention_2", "flash_attention_3")
+#: Attention backends that keep packed sequences apart: rlcore's ``varlen`` (:mod:`rlcore_fsdp.attention`,
+#: work ``sum L**2``), and Hugging Face's through ``position_ids`` resets (``sdpa``/``eager`` with a
+#: block-diagonal ``[N, N]`` mask from ``transformers.masking_utils``, flash-attention through its var-len
+#: kernels). The engine also probes the loaded model before it packs anything.
+PACKING_ATTENTION = ("varlen", "sdpa", "eager", "flash_attention_2", "flash_attention_3")
 
 
 def _positive(instance, attribute, value):
@@ -37,9 +38,15 @@ class FSDPConfig:
     #: Drop padding and pack each micro-batch's sequences into one row (``position_ids`` restart at 0 per
     #: sequence). Needs an attention backend in :data:`PACKING_ATTENTION`; the engine refuses otherwise.
     use_remove_padding: bool = False
-    #: Hugging Face ``attn_implementation`` the model is loaded with.
+    #: Hugging Face ``attn_implementation`` the model is loaded with, or ``"varlen"``: rlcore's padding-free
+    #: attention over packed sequences (PyTorch's flash var-len kernel where the device has it, one SDPA
+    #: call per sequence elsewhere; needs ``use_remove_padding``).
     attn_implementation: str = "sdpa"
     #: Tokens per chunk when computing log-probs and entropy from the output layer, so fp32 logits exist
     #: for at most this many tokens at a time (``[chunk, vocab]``); in training each chunk's logits are
-    #: recomputed in the backward instead of kept.
+    #: recomputed in the backward instead of kept (:mod:`rlcore_fsdp.logits`).
     logits_chunk_size: int = attrs.field(default=1024, validator=_positive)
+    #: ``torch.compile`` each decoder layer (dynamic shapes) before sharding, as torchtitan does: fuses
+    #: the norms, rotary embedding and activation into fewer kernels. The first steps pay the compile
+    #: time; worth it for long runs on an accelerator.
+    compile: bool = False

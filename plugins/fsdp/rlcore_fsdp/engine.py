@@ -32,9 +32,17 @@ from torch.distributed.device_mesh import init_device_mesh
 from torch.distributed.fsdp import FSDPModule
 from torch.distributed.tensor import DTensor
 
+from rlcore_fsdp import attention as varlen_attention
 from rlcore_fsdp.checkpoint import load_sharded, save_sharded, write_atomically, write_hf_folder
 from rlcore_fsdp.config import PACKING_ATTENTION, FSDPConfig
-from rlcore_fsdp.micro_batches import ModelInputs, build_inputs, equalize, plan_micro_batches, token_costs
+from rlcore_fsdp.micro_batches import (
+    ModelInputs,
+    build_inputs,
+    equalize,
+    plan_micro_batches,
+    to_device,
+    token_costs,
+)
 from rlcore_fsdp.model import HeadedModel, load_hf_model, torch_dtype
 from rlcore_fsdp.parallelize import parallelize
 from rlcore_fsdp.schedule import check_schedule, lr_factor
@@ -98,15 +106,23 @@ class FSDPEngine(TrainEngine):
                 f"({', '.join(PACKING_ATTENTION)}); fsdp.attn_implementation is {config.attn_implementation!r}. "
                 "Change one of the two."
             )
+        if config.attn_implementation == "varlen" and not config.use_remove_padding:
+            raise ValueError(
+                "fsdp.attn_implementation=varlen attends within packed sequences only; set "
+                "fsdp.use_remove_padding=true as well (or choose sdpa for padded micro-batches)"
+            )
         self.param_dtype = torch_dtype(spec.dtype, "EngineSpec.dtype")
 
         self.device = self.platform.set_device(self.dist.local_rank)
         self._owns_process_group = init_process_group(self.platform, self.dist)
         mesh = init_device_mesh(self.platform.device_type, (self.dist.world_size,))
 
-        hf = load_hf_model(
-            spec.model_path, spec.head, self.param_dtype, config.attn_implementation, spec.seed
+        attn = (
+            varlen_attention.register()
+            if config.attn_implementation == "varlen"
+            else config.attn_implementation
         )
+        hf = load_hf_model(spec.model_path, spec.head, self.param_dtype, attn, spec.seed)
         # Names sharing a parameter with an earlier name (tied lm_head): {later name: earlier name}.
         first_name: dict[int, str] = {}
         self._tied: dict[str, str] = {}
@@ -129,6 +145,8 @@ class FSDPEngine(TrainEngine):
                 weight_decay=spec.weight_decay,
             )
         self.step = 0  # optimizer steps taken; drives the LR schedule
+        # Pinned staging needs an accelerator to pin for; on the CPU the inputs are already in place.
+        self._pin = self.device.type != "cpu" and torch.accelerator.is_available()
         self._released: set[str] = set()
         if config.use_remove_padding:
             self._check_packing()
@@ -143,22 +161,29 @@ class FSDPEngine(TrainEngine):
             raise RuntimeError("this FSDP engine was built with EngineSpec.trainable=False; it cannot train")
         self._check_resident("train_step", ("weights", "optimizer"))
         self.module.train()
+        # Losses and metrics stay device tensors until the step ends: a host read per micro-batch would
+        # make the host wait for the device instead of preparing the next micro-batch.
         loss_sum, sums, counts = 0.0, defaultdict(float), defaultdict(int)
         for part in self._micro_batches(batch):
             micro = batch.index(list(part.rows))
-            inputs = build_inputs(micro, self.spec.head, self.config.use_remove_padding, anchor=True).to(
-                self.device
+            inputs = build_inputs(micro, self.spec.head, self.config.use_remove_padding, anchor=True)
+            outputs, anchor = self._forward(inputs.to(self.device, pin=self._pin), len(micro), anchor=True)
+            on_device = Batch(
+                {k: to_device(v, self.device, self._pin) for k, v in micro.tensors.items()},
+                micro.objects,
+                micro.meta,
             )
-            outputs, anchor = self._forward(inputs, len(micro), anchor=True)
-            loss, metrics = loss_fn(outputs, micro.to(self.device))
+            loss, metrics = loss_fn(outputs, on_device)
             # Dummy micro-batches and the anchor only keep every rank's collectives in step.
             weight = 0.0 if part.dummy else 1.0
             (loss * weight + 0.0 * anchor).backward()
             if not part.dummy:
-                loss_sum += float(loss.detach())
+                loss_sum = loss_sum + loss.detach()
                 for key, value in metrics.items():
-                    sums[key] += float(value)
+                    sums[key] = sums[key] + (value.detach() if isinstance(value, torch.Tensor) else value)
                     counts[key] += 1
+        loss_sum = float(loss_sum)
+        sums = defaultdict(float, {key: float(value) for key, value in sums.items()})
 
         params = [p for p in self.module.parameters() if p.requires_grad]
         max_norm = self.spec.grad_clip if self.spec.grad_clip > 0 else math.inf
@@ -195,8 +220,8 @@ class FSDPEngine(TrainEngine):
         with torch.no_grad():
             for part in self._micro_batches(batch):
                 micro = batch.index(list(part.rows))
-                inputs = build_inputs(micro, self.spec.head, self.config.use_remove_padding).to(self.device)
-                placed, _ = self._forward(inputs, len(micro), anchor=False)
+                inputs = build_inputs(micro, self.spec.head, self.config.use_remove_padding)
+                placed, _ = self._forward(inputs.to(self.device, pin=self._pin), len(micro), anchor=False)
                 if part.dummy:
                     continue
                 rows = torch.tensor(part.rows)
@@ -395,6 +420,8 @@ class FSDPEngine(TrainEngine):
                     targets,
                     self.spec.temperature,
                     self.config.logits_chunk_size,
+                    cu_seq_lens=torch.tensor([0, n_a, n_a + n_b], dtype=torch.int32, device=self.device),
+                    max_length=max(n_a, n_b),
                 )
                 results.append(next(iter(out.values())).float())
         diff = float((results[0] - results[1]).abs().max())

@@ -80,6 +80,15 @@ def equalize(parts: list[list[int]], count: int) -> list[MicroBatch]:
     return out
 
 
+def to_device(tensor: torch.Tensor, device: torch.device, pin: bool) -> torch.Tensor:
+    """``tensor`` on ``device``. ``pin`` stages host tensors through pinned memory: a copy from pageable
+    memory first waits for every kernel already queued, so the host could not prepare the next
+    micro-batch while the device computes this one."""
+    if pin and tensor.device.type == "cpu":
+        return tensor.pin_memory().to(device, non_blocking=True)
+    return tensor.to(device)
+
+
 @attrs.frozen
 class ModelInputs:
     """One micro-batch laid out for the model.
@@ -87,7 +96,9 @@ class ModelInputs:
     ``input_ids``/``position_ids [b, T]`` with ``attention_mask [b, T]``, or ``[1, N]`` packed with
     ``attention_mask`` None; ``index [M]`` flat positions whose hidden states the head reads and
     ``targets [M]`` the tokens they predict; ``response_valid [b, R]`` where the ``M`` per-token results
-    go (None for the score head, whose ``M = b`` results are one per row).
+    go (None for the score head, whose ``M = b`` results are one per row). Packed inputs also carry
+    ``cu_seq_lens [n+1]`` (int32: where each of the ``n`` sequences starts, then ``N``) and
+    ``max_length``, the longest sequence (a Python int, so the attention kernel needs no device sync).
     """
 
     input_ids: torch.Tensor
@@ -96,17 +107,27 @@ class ModelInputs:
     index: torch.Tensor
     targets: torch.Tensor
     response_valid: torch.Tensor | None
+    cu_seq_lens: torch.Tensor | None = None
+    max_length: int | None = None
 
-    def to(self, device: torch.device) -> ModelInputs:
-        return ModelInputs(*(None if t is None else t.to(device) for t in attrs.astuple(self, recurse=False)))
+    def to(self, device: torch.device, pin: bool = False) -> ModelInputs:
+        """On ``device`` (see :func:`to_device` for ``pin``)."""
+        return ModelInputs(
+            *(
+                to_device(t, device, pin) if isinstance(t, torch.Tensor) else t
+                for t in attrs.astuple(self, recurse=False)
+            )
+        )
 
-    def model_kwargs(self) -> dict[str, torch.Tensor | None]:
+    def model_kwargs(self) -> dict[str, torch.Tensor | int | None]:
         return {
             "input_ids": self.input_ids,
             "position_ids": self.position_ids,
             "attention_mask": self.attention_mask,
             "index": self.index,
             "targets": self.targets,
+            "cu_seq_lens": self.cu_seq_lens,
+            "max_length": self.max_length,
         }
 
 
@@ -188,6 +209,8 @@ def build_inputs(batch: Batch, head: str, packed: bool, anchor: bool = False) ->
         )
     keep = mask.reshape(-1)
     packed_pos = keep.long().cumsum(0) - 1  # flat padded position -> packed position
+    lengths = mask.sum(-1)
+    cu_seq_lens = torch.cat([lengths.new_zeros(1), lengths.cumsum(0)]).to(torch.int32)
     return ModelInputs(
         input_ids.reshape(-1)[keep].unsqueeze(0),
         position_ids.reshape(-1)[keep].unsqueeze(0),
@@ -195,4 +218,6 @@ def build_inputs(batch: Batch, head: str, packed: bool, anchor: bool = False) ->
         packed_pos[index],
         targets,
         response_valid,
+        cu_seq_lens,
+        int(lengths.max()),
     )

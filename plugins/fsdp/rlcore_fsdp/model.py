@@ -5,7 +5,8 @@ micro-batch (padded ``[b, T]`` or packed ``[1, N]``), picks the ``M`` hidden sta
 (flat indices into the ``b*T`` or ``N`` token positions) and applies the role's head to those only:
 
 - ``"lm"``: log-probs of ``targets`` under ``softmax(logits / temperature)`` and the entropy of that
-  distribution, computed in chunks of tokens so full-vocabulary fp32 logits never exist for the batch;
+  distribution, computed in chunks of tokens so full-vocabulary fp32 logits never exist for the batch
+  (:mod:`rlcore_fsdp.logits`);
 - ``"value"`` / ``"score"``: the scalar of a one-output linear head (``values``).
 
 Running the head inside the root's forward matters: FSDP gathers the root's parameters (embeddings,
@@ -19,7 +20,8 @@ from pathlib import Path
 
 import torch
 import torch.nn as nn
-from torch.utils.checkpoint import checkpoint
+
+from rlcore_fsdp.logits import linear_log_probs
 
 #: Hugging Face auto class per head. Value models load as token classifiers and reward models as
 #: sequence classifiers with one label, so ``export_hf`` writes folders those classes load again.
@@ -111,40 +113,6 @@ def decoder_layers(model: nn.Module) -> list[nn.Module]:
     return layers
 
 
-def _chunk_log_probs(
-    hidden: torch.Tensor, targets: torch.Tensor, out_layer: nn.Module, temperature: float
-) -> tuple[torch.Tensor, torch.Tensor]:
-    """``hidden [c, H]``, ``targets [c]`` -> log-probs ``[c]`` and entropy ``[c]``, at least fp32."""
-    logits = out_layer(hidden)
-    logits = logits.to(torch.promote_types(logits.dtype, torch.float32)) / temperature  # [c, V]
-    log_z = torch.logsumexp(logits, dim=-1)
-    log_probs = logits.gather(-1, targets.unsqueeze(-1)).squeeze(-1) - log_z
-    # H = -sum p log p = log Z - sum p z
-    entropy = log_z - (torch.softmax(logits, dim=-1) * logits).sum(-1)
-    return log_probs, entropy
-
-
-def chunked_log_probs(
-    hidden: torch.Tensor, targets: torch.Tensor, out_layer: nn.Module, temperature: float, chunk_size: int
-) -> tuple[torch.Tensor, torch.Tensor]:
-    """Log-probs and entropy ``[M]`` for ``hidden [M, H]`` and ``targets [M]``, ``chunk_size`` tokens at a time.
-
-    With autograd on, each chunk is checkpointed: only its hidden states are kept and its logits are
-    recomputed in the backward, so training memory holds one chunk's ``[chunk, V]`` logits, not ``M``'s.
-    """
-    if hidden.shape[0] == 0:
-        empty = hidden.new_zeros(0, dtype=torch.promote_types(hidden.dtype, torch.float32))
-        return empty, empty
-    parts = []
-    for start in range(0, hidden.shape[0], chunk_size):
-        h, t = hidden[start : start + chunk_size], targets[start : start + chunk_size]
-        if torch.is_grad_enabled() and h.requires_grad:
-            parts.append(checkpoint(_chunk_log_probs, h, t, out_layer, temperature, use_reentrant=False))
-        else:
-            parts.append(_chunk_log_probs(h, t, out_layer, temperature))
-    return torch.cat([p[0] for p in parts]), torch.cat([p[1] for p in parts])
-
-
 class HeadedModel(nn.Module):
     """An HF model plus the reading of its head at chosen token positions (the FSDP root module)."""
 
@@ -165,21 +133,38 @@ class HeadedModel(nn.Module):
         targets: torch.Tensor | None = None,
         temperature: float = 1.0,
         chunk_size: int = 1024,
+        cu_seq_lens: torch.Tensor | None = None,
+        max_length: int | None = None,
     ) -> dict[str, torch.Tensor]:
         """``input_ids``/``position_ids [b, T]`` (``attention_mask [b, T]`` or None when packed into
-        ``b = 1``), ``index [M]`` flat positions into ``b*T``, ``targets [M]`` (lm head).
+        ``b = 1``), ``index [M]`` flat positions into ``b*T``, ``targets [M]`` (lm head). Packed inputs
+        also bring ``cu_seq_lens [n+1]`` (int32, sequence starts) and ``max_length`` (the longest
+        sequence), which the ``varlen`` attention backend reads (:mod:`rlcore_fsdp.attention`).
 
         Returns ``{"log_probs": [M], "entropy": [M]}`` (lm) or ``{"values": [M]}`` (value, score) in
         fp32, or fp64 for a float64 model.
         """
+        packing = {}
+        if cu_seq_lens is not None:
+            packing = dict(
+                cu_seq_lens_q=cu_seq_lens,
+                cu_seq_lens_k=cu_seq_lens,
+                max_length_q=max_length,
+                max_length_k=max_length,
+            )
         out = self.backbone()(
-            input_ids=input_ids, attention_mask=attention_mask, position_ids=position_ids, use_cache=False
+            input_ids=input_ids,
+            attention_mask=attention_mask,
+            position_ids=position_ids,
+            use_cache=False,
+            **packing,
         )
         hidden = out.last_hidden_state
         hidden = hidden.reshape(-1, hidden.shape[-1]).index_select(0, index)  # [M, H]
         if self.head == "lm":
-            log_probs, entropy = chunked_log_probs(
-                hidden, targets, self.hf.get_output_embeddings(), temperature, chunk_size
+            out_layer = self.hf.get_output_embeddings()
+            log_probs, entropy = linear_log_probs(
+                hidden, out_layer.weight, out_layer.bias, targets, temperature, chunk_size
             )
             return {"log_probs": log_probs, "entropy": entropy}
         values = self.hf.score(hidden).squeeze(-1)

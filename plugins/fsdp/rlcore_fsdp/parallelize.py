@@ -1,9 +1,11 @@
 """Applying FSDP2 to a :class:`rlcore_fsdp.model.HeadedModel`, in a fixed order (torchtitan style).
 
 1. activation checkpointing of each decoder layer (Hugging Face's own, non-reentrant);
-2. ``fully_shard`` on every decoder layer, then on the root, which thereby holds the embeddings, the
+2. optionally ``torch.compile`` of each decoder layer (``fsdp.compile``), so FSDP's hooks stay outside
+   the compiled code;
+3. ``fully_shard`` on every decoder layer, then on the root, which thereby holds the embeddings, the
    final norm and the heads (tied input/output embeddings must live in one FSDP unit);
-3. gradient reduction by plain SUM over ranks.
+4. gradient reduction by plain SUM over ranks.
 
 Why SUM: rlcore's loss functions already divide by the global token (or sequence) count of the whole
 mini-batch over all data-parallel ranks, so the engine must add, not average, the ranks' gradients.
@@ -50,6 +52,8 @@ def parallelize(
     )
     kwargs = dict(mesh=mesh, mp_policy=mp_policy, offload_policy=offload)
     for layer in decoder_layers(module.hf):
+        if config.compile:
+            layer.compile(dynamic=True)
         fully_shard(layer, reshard_after_forward=config.reshard_after_forward, **kwargs)
     fully_shard(module, **kwargs)
     for sub in module.modules():

@@ -44,9 +44,16 @@ def test_chunked_packed_and_padded_infer_agree(tiny_model_path):
         max_tokens_per_micro_batch=20,
     )
     packed_out = packed.infer(data, ["log_probs", "entropy"])
+    varlen = make(
+        tiny_model_path,
+        FSDPConfig(use_remove_padding=True, attn_implementation="varlen", logits_chunk_size=5),
+        max_tokens_per_micro_batch=20,
+    )
+    varlen_out = varlen.infer(data, ["log_probs", "entropy"])
     for key in ("log_probs", "entropy"):
         torch.testing.assert_close(chunked[key], whole[key], rtol=0, atol=1e-6)
         torch.testing.assert_close(packed_out[key], whole[key], rtol=0, atol=1e-5)
+        torch.testing.assert_close(varlen_out[key], whole[key], rtol=0, atol=1e-5)
 
 
 # Warm-up over 2 steps, then cosine to 10% at step 4: factors worked out by hand.
@@ -65,9 +72,13 @@ def trained_reference(tiny_model_path):
     [
         ({}, {"micro_batch_size": 3}),
         ({"use_remove_padding": True, "logits_chunk_size": 4}, {"max_tokens_per_micro_batch": 24}),
+        (
+            {"use_remove_padding": True, "attn_implementation": "varlen", "logits_chunk_size": 4},
+            {"max_tokens_per_micro_batch": 24},
+        ),
         ({"reshard_after_forward": False}, {"micro_batch_size": 7, "gradient_checkpointing": True}),
     ],
-    ids=["padded", "packed-token-budget", "checkpointing"],
+    ids=["padded", "packed-token-budget", "packed-varlen", "checkpointing"],
 )
 def test_train_steps_equal_plain_hf_loop(tiny_model_path, trained_reference, config, overrides):
     want_weights, want_metrics = trained_reference

@@ -1,0 +1,24 @@
+#!/usr/bin/env bash
+# The FSDP rows of docs/benchmarks.md on the lent GPU machine (torch preinstalled, no registry):
+#   bash benchmarks/gpu/fsdp_h100.sh [stage ...]     (results and logs under $OUT, default /tmp/out)
+# Stages: setup (install the project into /tmp/proj), small (0.5B), large (1.5B), compile, scaling (1 vs 2 GPUs).
+set -uo pipefail
+OUT=${OUT:-/tmp/out}; mkdir -p "$OUT"
+export PYTHONPATH=/tmp/proj${PYTHONPATH:+:$PYTHONPATH} TOKENIZERS_PARALLELISM=false
+bench() { local name=$1 limit=$2; shift 2
+  echo "== $name: $*" | tee -a "$OUT/commands.txt"
+  timeout "$limit" python3 benchmarks/fsdp_train.py --model-dir /tmp/models --out "$OUT/$name.json" "$@" \
+    > "$OUT/$name.log" 2>&1; echo "exit $?" >> "$OUT/$name.log"; grep -A12 "^model" "$OUT/$name.log"; }
+stages=("$@"); [ ${#stages[@]} -gt 0 ] || stages=(setup small large)
+for stage in "${stages[@]}"; do case $stage in
+  setup) python3 -m pip install -q --no-deps --no-index --no-build-isolation --target /tmp/proj ./core ./plugins/fsdp \
+           > "$OUT/setup.log" 2>&1; nvidia-smi --query-gpu=name,memory.total --format=csv >> "$OUT/setup.log" ;;
+  small) bench small 200 --models qwen2.5-0.5b --gpus 1 --systems hf-naive fsdp-mp-varlen fsdp-bf16-varlen \
+           --tokens-per-step 65536 --max-tokens-per-micro-batch 16384 --steps 4 --warmup 2 --profile "$OUT/profiles" ;;
+  large) bench large 280 --models qwen2.5-1.5b --gpus 1 --systems fsdp-mp-varlen hf-naive \
+           --tokens-per-step 65536 --max-tokens-per-micro-batch 8192 --steps 4 --warmup 2 --profile "$OUT/profiles" ;;
+  compile) bench compile 300 --models qwen2.5-0.5b qwen2.5-1.5b --gpus 1 --systems fsdp-mp-varlen-compile \
+           --tokens-per-step 65536 --max-tokens-per-micro-batch 8192 --steps 4 --warmup 3 ;;
+  scaling) bench scaling 400 --models qwen2.5-0.5b --gpus 1 2 --systems hf-naive fsdp-mp-varlen \
+           --tokens-per-step 65536 --max-tokens-per-micro-batch 16384 --steps 4 --warmup 2 ;;
+esac; done

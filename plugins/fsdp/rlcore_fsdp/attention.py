@@ -1,0 +1,139 @@
+"""Padding-free attention over packed sequences: the ``varlen`` backend of ``fsdp.attn_implementation``.
+
+A packed micro-batch is one row ``[1, N]`` holding ``n`` sequences back to back; ``cu_seq_lens [n+1]``
+(int32, on the device) marks where each starts. Attention must stay inside each sequence and be causal
+there, so the work is ``sum_s L_s**2`` instead of the ``N**2`` a block-diagonal mask costs SDPA (which is
+what Hugging Face's ``sdpa`` backend does with packed ``position_ids``; at 16k-token micro-batches that
+mask alone is 256M entries per layer).
+
+Kernel: ``torch.nn.attention.varlen.varlen_attn`` (PyTorch's flash-attention var-len op), used wherever
+the tensors' device and dtype support it. Elsewhere (the CPU, fp32 anywhere) the same result comes from
+one causal SDPA call per sequence: exact, and cheap for the short sequences small runs have. Which one a
+``(device type, dtype)`` gets is found by trying the kernel once, so no device is named here.
+
+The backend registers with transformers' ``AttentionInterface`` as :data:`ATTN_NAME`; being unknown to
+``transformers.masking_utils``, it gets no mask (``attention_mask`` is None), so it only runs on packed
+inputs, with the ``cu_seq_lens_q``/``max_length_q`` keyword arguments that
+:class:`rlcore_fsdp.model.HeadedModel` passes down.
+"""
+
+from __future__ import annotations
+
+import inspect
+import math
+
+import torch
+import torch.nn.functional as F
+
+#: The name the backend is registered under in transformers (what the model is loaded with).
+ATTN_NAME = "rlcore_varlen"
+
+# (device type, dtype) -> whether the var-len kernel runs there; filled by the first call.
+_KERNEL_WORKS: dict[tuple[str, torch.dtype], bool] = {}
+
+
+def register() -> str:
+    """Register the backend with transformers (idempotent); returns the name to load models with."""
+    from transformers import AttentionInterface
+
+    AttentionInterface.register(ATTN_NAME, varlen_attention_forward)
+    return ATTN_NAME
+
+
+def _kernel():
+    try:
+        from torch.nn.attention.varlen import varlen_attn
+    except ImportError:  # torch < 2.9
+        return None
+    return varlen_attn
+
+
+def _kernel_call(
+    q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, cu: torch.Tensor, max_len: int, scale: float
+) -> torch.Tensor:
+    """``q [N, Hq, D]``, ``k``/``v [N, Hkv, D]`` -> ``[N, Hq, D]`` through ``varlen_attn``, whose signature
+    changed between torch releases (``is_causal`` then ``window_size``; ``scale`` and ``enable_gqa`` later)."""
+    kernel = _kernel()
+    params = inspect.signature(kernel).parameters
+    kwargs = {}
+    if "window_size" in params:
+        kwargs["window_size"] = (-1, 0)  # causal
+    else:
+        kwargs["is_causal"] = True
+    if "scale" in params:
+        kwargs["scale"] = scale
+    elif not math.isclose(scale, q.shape[-1] ** -0.5):
+        q = q * (scale * q.shape[-1] ** 0.5)  # the kernel's fixed 1/sqrt(D), corrected on q
+    if k.shape[1] != q.shape[1]:
+        if "enable_gqa" in params:
+            kwargs["enable_gqa"] = True
+        else:
+            k = k.repeat_interleave(q.shape[1] // k.shape[1], dim=1)
+            v = v.repeat_interleave(q.shape[1] // v.shape[1], dim=1)
+    return kernel(q, k, v, cu, cu, max_len, max_len, **kwargs)
+
+
+def _per_sequence(
+    q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, cu: torch.Tensor, scale: float
+) -> torch.Tensor:
+    """The same as :func:`_kernel_call`, one causal SDPA per sequence (``[1, H, L, D]`` each)."""
+    bounds = cu.tolist()
+    groups = q.shape[1] // k.shape[1]
+    out = []
+    for start, stop in zip(bounds[:-1], bounds[1:], strict=True):
+        qs, ks, vs = (t[start:stop].transpose(0, 1).unsqueeze(0) for t in (q, k, v))
+        if groups > 1:
+            ks, vs = ks.repeat_interleave(groups, dim=1), vs.repeat_interleave(groups, dim=1)
+        out.append(F.scaled_dot_product_attention(qs, ks, vs, is_causal=True, scale=scale)[0].transpose(0, 1))
+    return torch.cat(out)
+
+
+def varlen_attention(
+    q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, cu_seq_lens: torch.Tensor, max_len: int, scale: float
+) -> torch.Tensor:
+    """Causal attention within each packed sequence: ``q [N, Hq, D]``, ``k``/``v [N, Hkv, D]`` (``Hq`` a
+    multiple of ``Hkv``), ``cu_seq_lens [n+1]`` int32 starting at 0 and ending at ``N`` -> ``[N, Hq, D]``."""
+    key = (q.device.type, q.dtype)
+    if _KERNEL_WORKS.get(key, _kernel() is not None):
+        try:
+            out = _kernel_call(q, k, v, cu_seq_lens, max_len, scale)
+            _KERNEL_WORKS[key] = True
+            return out
+        except (RuntimeError, NotImplementedError):
+            if _KERNEL_WORKS.get(key):  # it ran before with this device and dtype: a real error
+                raise
+            _KERNEL_WORKS[key] = False
+    return _per_sequence(q, k, v, cu_seq_lens, scale)
+
+
+def varlen_attention_forward(
+    module: torch.nn.Module,
+    query: torch.Tensor,
+    key: torch.Tensor,
+    value: torch.Tensor,
+    attention_mask: torch.Tensor | None,
+    dropout: float = 0.0,
+    scaling: float | None = None,
+    sliding_window: int | None = None,
+    cu_seq_lens_q: torch.Tensor | None = None,
+    max_length_q: int | None = None,
+    **kwargs,
+) -> tuple[torch.Tensor, None]:
+    """transformers attention function: ``query [1, Hq, N, D]``, ``key``/``value [1, Hkv, N, D]`` ->
+    ``([1, N, Hq, D], None)``."""
+    if cu_seq_lens_q is None or query.shape[0] != 1:
+        raise ValueError(
+            f"attn_implementation {ATTN_NAME!r} runs only on packed inputs ([1, N] with cu_seq_lens_q); "
+            "set fsdp.use_remove_padding=true with fsdp.attn_implementation=varlen"
+        )
+    if sliding_window is not None:
+        raise ValueError(
+            f"attn_implementation {ATTN_NAME!r} does not implement sliding-window attention "
+            f"({type(module).__name__} has sliding_window={sliding_window}); use fsdp.attn_implementation=sdpa"
+        )
+    if dropout:
+        raise ValueError(f"attn_implementation {ATTN_NAME!r} has no attention dropout (got {dropout})")
+    scale = scaling if scaling is not None else query.shape[-1] ** -0.5
+    q, k, v = (t[0].transpose(0, 1).contiguous() for t in (query, key, value))  # [N, H, D]
+    out = varlen_attention(q, k, v, cu_seq_lens_q, int(max_length_q), scale)
+    return out.unsqueeze(0), None

@@ -1,0 +1,134 @@
+"""Log-probs and entropy straight from hidden states and the output layer, chunk by chunk.
+
+``linear_log_probs(hidden [M, H], weight [V, H], bias [V] | None, targets [M], temperature, chunk)``
+returns ``log_probs [M]`` (of ``targets`` under ``softmax(logits / temperature)``) and ``entropy [M]`` of
+that distribution, at least fp32. It is one autograd function over all chunks:
+
+- forward: per chunk of ``chunk`` tokens, the ``[chunk, V]`` logits, their fp32 statistics (log-partition
+  ``lse``, the target's log-prob, the entropy), then the logits are dropped; only ``hidden`` and the
+  ``[M]`` statistics are kept;
+- backward: per chunk, the logits once more (the only recomputation) and, in place,
+  ``dL/dz = g_lp * onehot(target) - p * (g_lp + g_ent * (z - lse + entropy))`` with ``z = logits / T``
+  and ``p = softmax(z)``, then the two matmuls for the hidden and weight gradients (the weight's summed
+  over chunks in fp32).
+
+Full-vocabulary logits therefore never exist for more than one chunk, in the forward or the backward, and
+the vocabulary-wide elementwise work is a few passes per chunk instead of the dozen an autograd graph of
+``logsumexp``/``softmax``/``gather`` under activation checkpointing makes.
+
+Derivation of the entropy term: ``H = lse - sum_j p_j z_j``; with ``d lse/dz_j = p_j`` and
+``dp_i/dz_j = p_i (delta_ij - p_j)``, ``dH/dz_j = -p_j (z_j - sum_i p_i z_i) = -p_j (z_j - lse + H)``.
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+
+
+def _stats(logits: torch.Tensor, targets: torch.Tensor, temperature: float):
+    """``logits [c, V]`` -> fp32 ``log_probs``, ``entropy``, ``lse`` ``[c]``."""
+    z = logits.to(torch.promote_types(logits.dtype, torch.float32))
+    if temperature != 1.0:
+        z = z / temperature
+    lse = torch.logsumexp(z, dim=-1)
+    log_probs = z.gather(-1, targets.unsqueeze(-1)).squeeze(-1) - lse
+    p = torch.exp(z - lse.unsqueeze(-1))
+    entropy = lse - torch.linalg.vecdot(p, z)
+    return log_probs, entropy, lse
+
+
+def _grad_logits(
+    logits: torch.Tensor,
+    targets: torch.Tensor,
+    lse: torch.Tensor,
+    entropy: torch.Tensor,
+    g_lp: torch.Tensor,
+    g_ent: torch.Tensor,
+    temperature: float,
+) -> torch.Tensor:
+    """``dL/dlogits [c, V]`` in ``logits.dtype`` from the upstream ``g_lp``/``g_ent [c]`` (see module doc)."""
+    z = logits.to(torch.promote_types(logits.dtype, torch.float32))
+    if temperature != 1.0:
+        z = z / temperature
+    elif z is logits:
+        z = z.clone()
+    p = torch.exp(z - lse.unsqueeze(-1))
+    # z becomes the gradient in place: -(p * (g_lp + g_ent * (z - lse + H))) + g_lp * onehot
+    z.sub_((lse - entropy).unsqueeze(-1)).mul_(g_ent.unsqueeze(-1)).add_(g_lp.unsqueeze(-1)).mul_(p).neg_()
+    z.scatter_add_(-1, targets.unsqueeze(-1), g_lp.unsqueeze(-1))
+    if temperature != 1.0:
+        z.div_(temperature)
+    return z.to(logits.dtype)
+
+
+class _LinearLogProbs(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, hidden, weight, bias, targets, temperature, chunk):
+        out_dtype = torch.promote_types(hidden.dtype, torch.float32)
+        log_probs = hidden.new_empty(hidden.shape[0], dtype=out_dtype)
+        entropy, lse = torch.empty_like(log_probs), torch.empty_like(log_probs)
+        for s in range(0, hidden.shape[0], chunk):
+            logits = F.linear(hidden[s : s + chunk], weight, bias)
+            log_probs[s : s + chunk], entropy[s : s + chunk], lse[s : s + chunk] = _stats(
+                logits, targets[s : s + chunk], temperature
+            )
+            del logits
+        ctx.save_for_backward(hidden, weight, bias, targets, lse, entropy)
+        ctx.temperature, ctx.chunk = temperature, chunk
+        return log_probs, entropy
+
+    @staticmethod
+    def backward(ctx, g_lp, g_ent):
+        hidden, weight, bias, targets, lse, entropy = ctx.saved_tensors
+        temperature, chunk = ctx.temperature, ctx.chunk
+        g_lp = torch.zeros_like(lse) if g_lp is None else g_lp
+        g_ent = torch.zeros_like(lse) if g_ent is None else g_ent
+        need_h, need_w, need_b = ctx.needs_input_grad[:3]
+        grad_hidden = torch.empty_like(hidden) if need_h else None
+        acc = torch.promote_types(weight.dtype, torch.float32)
+        grad_weight = torch.zeros(weight.shape, dtype=acc, device=weight.device) if need_w else None
+        grad_bias = torch.zeros(bias.shape, dtype=acc, device=bias.device) if need_b else None
+        for s in range(0, hidden.shape[0], chunk):
+            h = hidden[s : s + chunk]
+            grad = _grad_logits(
+                F.linear(h, weight, bias),
+                targets[s : s + chunk],
+                lse[s : s + chunk],
+                entropy[s : s + chunk],
+                g_lp[s : s + chunk],
+                g_ent[s : s + chunk],
+                temperature,
+            )  # [c, V]
+            if need_h:
+                grad_hidden[s : s + chunk] = grad @ weight
+            if need_w:
+                grad_weight += (grad.t() @ h).to(acc)
+            if need_b:
+                grad_bias += grad.sum(0, dtype=acc)
+        return (
+            grad_hidden,
+            None if grad_weight is None else grad_weight.to(weight.dtype),
+            None if grad_bias is None else grad_bias.to(bias.dtype),
+            None,
+            None,
+            None,
+        )
+
+
+def linear_log_probs(
+    hidden: torch.Tensor,
+    weight: torch.Tensor,
+    bias: torch.Tensor | None,
+    targets: torch.Tensor,
+    temperature: float,
+    chunk_size: int,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Log-probs and entropy ``[M]`` (at least fp32) of ``targets [M]`` under the output layer
+    ``weight [V, H]`` (+ ``bias [V]``) applied to ``hidden [M, H]``, ``chunk_size`` tokens at a time."""
+    if chunk_size < 1:
+        raise ValueError(f"chunk_size must be >= 1, got {chunk_size}")
+    if hidden.shape[0] == 0:
+        empty = hidden.new_zeros(0, dtype=torch.promote_types(hidden.dtype, torch.float32))
+        return empty, empty
+    return _LinearLogProbs.apply(hidden, weight, bias, targets, float(temperature), int(chunk_size))

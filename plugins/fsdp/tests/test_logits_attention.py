@@ -1,0 +1,111 @@
+"""The two kernels behind the engine's fast path, against plain float64 references.
+
+- :func:`rlcore_fsdp.logits.linear_log_probs`: values and gradients (hidden, weight, bias) against
+  ``log_softmax`` of the full logits, for chunk sizes that do and do not divide the token count, with a
+  temperature, and with only one of the two outputs used;
+- :func:`rlcore_fsdp.attention.varlen_attention`: against attention written as a loop over query
+  positions (each attends to its own sequence's earlier tokens), with grouped key/value heads.
+"""
+
+import pytest
+import torch
+from rlcore_fsdp.attention import varlen_attention
+from rlcore_fsdp.logits import linear_log_probs
+
+M, H, V = 23, 8, 31
+
+
+def reference(hidden, weight, bias, targets, temperature):
+    z = (hidden @ weight.T + (0 if bias is None else bias)) / temperature
+    log_p = torch.log_softmax(z, dim=-1)
+    return log_p.gather(-1, targets[:, None])[:, 0], -(log_p.exp() * log_p).sum(-1)
+
+
+def leaves(with_bias: bool, seed: int = 0):
+    g = torch.Generator().manual_seed(seed)
+    hidden = torch.randn(M, H, dtype=torch.float64, generator=g, requires_grad=True)
+    weight = torch.randn(V, H, dtype=torch.float64, generator=g, requires_grad=True)
+    bias = torch.randn(V, dtype=torch.float64, generator=g, requires_grad=True) if with_bias else None
+    targets = torch.randint(0, V, (M,), generator=g)
+    return hidden, weight, bias, targets
+
+
+@pytest.mark.parametrize("chunk", [1, 5, M, 4 * M])
+@pytest.mark.parametrize("temperature", [1.0, 0.6])
+@pytest.mark.parametrize("with_bias", [False, True])
+def test_linear_log_probs_matches_full_log_softmax(chunk, temperature, with_bias):
+    hidden, weight, bias, targets = leaves(with_bias)
+    log_probs, entropy = linear_log_probs(hidden, weight, bias, targets, temperature, chunk)
+    want_lp, want_ent = reference(hidden, weight, bias, targets, temperature)
+    torch.testing.assert_close(log_probs, want_lp, rtol=0, atol=1e-12)
+    torch.testing.assert_close(entropy, want_ent, rtol=0, atol=1e-12)
+
+    g = torch.Generator().manual_seed(1)
+    g_lp, g_ent = (
+        torch.randn(M, dtype=torch.float64, generator=g),
+        torch.randn(M, dtype=torch.float64, generator=g),
+    )
+    params = [t for t in (hidden, weight, bias) if t is not None]
+    got = torch.autograd.grad((log_probs * g_lp + entropy * g_ent).sum(), params)
+    want = torch.autograd.grad((want_lp * g_lp + want_ent * g_ent).sum(), params)
+    for name, a, b in zip(("hidden", "weight", "bias"), got, want):
+        torch.testing.assert_close(a, b, rtol=0, atol=1e-11, msg=name)
+
+
+@pytest.mark.parametrize("which", [0, 1])
+def test_linear_log_probs_with_one_output_used(which):
+    hidden, weight, _, targets = leaves(False, seed=3)
+    got = linear_log_probs(hidden, weight, None, targets, 1.0, 7)[which].sum()
+    want = reference(hidden, weight, None, targets, 1.0)[which].sum()
+    for a, b in zip(torch.autograd.grad(got, [hidden, weight]), torch.autograd.grad(want, [hidden, weight])):
+        torch.testing.assert_close(a, b, rtol=0, atol=1e-11)
+
+
+def test_linear_log_probs_bf16_inputs_give_fp32_close_to_float64():
+    hidden, weight, _, targets = leaves(False, seed=4)
+    lp, ent = linear_log_probs(hidden.detach().bfloat16(), weight.detach().bfloat16(), None, targets, 1.0, 8)
+    want_lp, want_ent = reference(hidden.detach(), weight.detach(), None, targets, 1.0)
+    assert lp.dtype == ent.dtype == torch.float32
+    # bf16 logits carry ~3 significant digits; the statistics are then computed in fp32.
+    assert float((lp.double() - want_lp).abs().max()) < 0.3
+    assert float((ent.double() - want_ent).abs().max()) < 0.3
+
+
+def test_linear_log_probs_empty_and_bad_chunk():
+    hidden, weight, _, targets = leaves(False)
+    lp, ent = linear_log_probs(hidden[:0], weight, None, targets[:0], 1.0, 4)
+    assert lp.shape == ent.shape == (0,)
+    with pytest.raises(ValueError, match="chunk_size must be >= 1"):
+        linear_log_probs(hidden, weight, None, targets, 1.0, 0)
+
+
+def loop_attention(q, k, v, bounds, scale):
+    out = torch.zeros_like(q)
+    groups = q.shape[1] // k.shape[1]
+    for start, stop in zip(bounds[:-1], bounds[1:]):
+        for i in range(start, stop):
+            for head in range(q.shape[1]):
+                keys, values = k[start : i + 1, head // groups], v[start : i + 1, head // groups]
+                weights = torch.softmax(keys @ q[i, head] * scale, dim=0)
+                out[i, head] = weights @ values
+    return out
+
+
+@pytest.mark.parametrize("lengths", [[7], [5, 9, 1, 3]])
+def test_varlen_attention_stays_within_each_sequence(lengths):
+    g = torch.Generator().manual_seed(0)
+    n = sum(lengths)
+    q = torch.randn(n, 4, 8, dtype=torch.float64, generator=g, requires_grad=True)
+    k = torch.randn(n, 2, 8, dtype=torch.float64, generator=g, requires_grad=True)
+    v = torch.randn(n, 2, 8, dtype=torch.float64, generator=g, requires_grad=True)
+    bounds = [0]
+    for length in lengths:
+        bounds.append(bounds[-1] + length)
+    cu = torch.tensor(bounds, dtype=torch.int32)
+    got = varlen_attention(q, k, v, cu, max(lengths), 0.3)
+    want = loop_attention(q, k, v, bounds, 0.3)
+    torch.testing.assert_close(got, want, rtol=0, atol=1e-12)
+    grads = torch.autograd.grad(got.square().sum(), [q, k, v])
+    want_grads = torch.autograd.grad(want.square().sum(), [q, k, v])
+    for a, b in zip(grads, want_grads):
+        torch.testing.assert_close(a, b, rtol=0, atol=1e-11)
