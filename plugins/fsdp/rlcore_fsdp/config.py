@@ -46,7 +46,8 @@ class FSDPConfig:
     #: for at most this many tokens at a time (``[chunk, vocab]``); in training each chunk's logits are
     #: recomputed in the backward instead of kept (:mod:`rlcore_fsdp.logits`).
     logits_chunk_size: int = attrs.field(default=1024, validator=_positive)
-    #: ``torch.compile`` each decoder layer (dynamic shapes) before sharding, as torchtitan does: fuses
-    #: the norms, rotary embedding and activation into fewer kernels. The first steps pay the compile
-    #: time; worth it for long runs on an accelerator.
+    #: ``torch.compile`` each decoder layer (dynamic shapes) before sharding, as torchtitan does, and the
+    #: log-prob head's vocabulary-wide elementwise work: fuses the norms, rotary embedding, activation and
+    #: softmax statistics into fewer kernels. The first steps pay the compile time; worth it for long runs
+    #: on an accelerator.
     compile: bool = False

@@ -133,7 +133,7 @@ class FSDPEngine(TrainEngine):
                 first_name[id(param)] = name
         if not spec.trainable:
             hf.requires_grad_(False)
-        self.module = HeadedModel(hf, spec.head)
+        self.module = HeadedModel(hf, spec.head, compiled=config.compile)
         parallelize(self.module, mesh, config, spec.gradient_checkpointing)
 
         self.optimizer = None

@@ -16,6 +16,11 @@ Full-vocabulary logits therefore never exist for more than one chunk, in the for
 the vocabulary-wide elementwise work is a few passes per chunk instead of the dozen an autograd graph of
 ``logsumexp``/``softmax``/``gather`` under activation checkpointing makes.
 
+With ``compiled=True`` the two vocabulary-wide elementwise steps (:func:`_stats`, :func:`_grad_logits`)
+go through ``torch.compile``, which fuses each into one or two passes over the bf16 logits; in eager mode
+each is about ten fp32 passes, which on a 150k vocabulary costs more device time than the output
+layer's matmuls (measured on an H100, ``docs/benchmarks.md``).
+
 Derivation of the entropy term: ``H = lse - sum_j p_j z_j``; with ``d lse/dz_j = p_j`` and
 ``dp_i/dz_j = p_i (delta_ij - p_j)``, ``dH/dz_j = -p_j (z_j - sum_i p_i z_i) = -p_j (z_j - lse + H)``.
 """
@@ -62,26 +67,41 @@ def _grad_logits(
     return z.to(logits.dtype)
 
 
+_COMPILED: dict[str, object] = {}
+
+
+def _kernels(compiled: bool):
+    """``(_stats, _grad_logits)``, through ``torch.compile`` (built once, dynamic in the chunk length)."""
+    if not compiled:
+        return _stats, _grad_logits
+    if not _COMPILED:
+        _COMPILED["stats"] = torch.compile(_stats, dynamic=True)
+        _COMPILED["grad"] = torch.compile(_grad_logits, dynamic=True)
+    return _COMPILED["stats"], _COMPILED["grad"]
+
+
 class _LinearLogProbs(torch.autograd.Function):
     @staticmethod
-    def forward(ctx, hidden, weight, bias, targets, temperature, chunk):
+    def forward(ctx, hidden, weight, bias, targets, temperature, chunk, compiled):
+        stats, _ = _kernels(compiled)
         out_dtype = torch.promote_types(hidden.dtype, torch.float32)
         log_probs = hidden.new_empty(hidden.shape[0], dtype=out_dtype)
         entropy, lse = torch.empty_like(log_probs), torch.empty_like(log_probs)
         for s in range(0, hidden.shape[0], chunk):
             logits = F.linear(hidden[s : s + chunk], weight, bias)
-            log_probs[s : s + chunk], entropy[s : s + chunk], lse[s : s + chunk] = _stats(
+            log_probs[s : s + chunk], entropy[s : s + chunk], lse[s : s + chunk] = stats(
                 logits, targets[s : s + chunk], temperature
             )
             del logits
         ctx.save_for_backward(hidden, weight, bias, targets, lse, entropy)
-        ctx.temperature, ctx.chunk = temperature, chunk
+        ctx.temperature, ctx.chunk, ctx.compiled = temperature, chunk, compiled
         return log_probs, entropy
 
     @staticmethod
     def backward(ctx, g_lp, g_ent):
         hidden, weight, bias, targets, lse, entropy = ctx.saved_tensors
         temperature, chunk = ctx.temperature, ctx.chunk
+        _, grad_logits = _kernels(ctx.compiled)
         g_lp = torch.zeros_like(lse) if g_lp is None else g_lp
         g_ent = torch.zeros_like(lse) if g_ent is None else g_ent
         need_h, need_w, need_b = ctx.needs_input_grad[:3]
@@ -91,7 +111,7 @@ class _LinearLogProbs(torch.autograd.Function):
         grad_bias = torch.zeros(bias.shape, dtype=acc, device=bias.device) if need_b else None
         for s in range(0, hidden.shape[0], chunk):
             h = hidden[s : s + chunk]
-            grad = _grad_logits(
+            grad = grad_logits(
                 F.linear(h, weight, bias),
                 targets[s : s + chunk],
                 lse[s : s + chunk],
@@ -113,6 +133,7 @@ class _LinearLogProbs(torch.autograd.Function):
             None,
             None,
             None,
+            None,
         )
 
 
@@ -123,12 +144,16 @@ def linear_log_probs(
     targets: torch.Tensor,
     temperature: float,
     chunk_size: int,
+    compiled: bool = False,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """Log-probs and entropy ``[M]`` (at least fp32) of ``targets [M]`` under the output layer
-    ``weight [V, H]`` (+ ``bias [V]``) applied to ``hidden [M, H]``, ``chunk_size`` tokens at a time."""
+    ``weight [V, H]`` (+ ``bias [V]``) applied to ``hidden [M, H]``, ``chunk_size`` tokens at a time;
+    ``compiled`` fuses the elementwise work with ``torch.compile``."""
     if chunk_size < 1:
         raise ValueError(f"chunk_size must be >= 1, got {chunk_size}")
     if hidden.shape[0] == 0:
         empty = hidden.new_zeros(0, dtype=torch.promote_types(hidden.dtype, torch.float32))
         return empty, empty
-    return _LinearLogProbs.apply(hidden, weight, bias, targets, float(temperature), int(chunk_size))
+    return _LinearLogProbs.apply(
+        hidden, weight, bias, targets, float(temperature), int(chunk_size), bool(compiled)
+    )

@@ -48,7 +48,7 @@ def test_linear_log_probs_matches_full_log_softmax(chunk, temperature, with_bias
     params = [t for t in (hidden, weight, bias) if t is not None]
     got = torch.autograd.grad((log_probs * g_lp + entropy * g_ent).sum(), params)
     want = torch.autograd.grad((want_lp * g_lp + want_ent * g_ent).sum(), params)
-    for name, a, b in zip(("hidden", "weight", "bias"), got, want):
+    for name, a, b in zip(("hidden", "weight", "bias")[: len(got)], got, want, strict=True):
         torch.testing.assert_close(a, b, rtol=0, atol=1e-11, msg=name)
 
 
@@ -57,7 +57,9 @@ def test_linear_log_probs_with_one_output_used(which):
     hidden, weight, _, targets = leaves(False, seed=3)
     got = linear_log_probs(hidden, weight, None, targets, 1.0, 7)[which].sum()
     want = reference(hidden, weight, None, targets, 1.0)[which].sum()
-    for a, b in zip(torch.autograd.grad(got, [hidden, weight]), torch.autograd.grad(want, [hidden, weight])):
+    for a, b in zip(
+        torch.autograd.grad(got, [hidden, weight]), torch.autograd.grad(want, [hidden, weight]), strict=True
+    ):
         torch.testing.assert_close(a, b, rtol=0, atol=1e-11)
 
 
@@ -82,7 +84,7 @@ def test_linear_log_probs_empty_and_bad_chunk():
 def loop_attention(q, k, v, bounds, scale):
     out = torch.zeros_like(q)
     groups = q.shape[1] // k.shape[1]
-    for start, stop in zip(bounds[:-1], bounds[1:]):
+    for start, stop in zip(bounds[:-1], bounds[1:], strict=True):
         for i in range(start, stop):
             for head in range(q.shape[1]):
                 keys, values = k[start : i + 1, head // groups], v[start : i + 1, head // groups]
@@ -107,5 +109,5 @@ def test_varlen_attention_stays_within_each_sequence(lengths):
     torch.testing.assert_close(got, want, rtol=0, atol=1e-12)
     grads = torch.autograd.grad(got.square().sum(), [q, k, v])
     want_grads = torch.autograd.grad(want.square().sum(), [q, k, v])
-    for a, b in zip(grads, want_grads):
+    for a, b in zip(grads, want_grads, strict=True):
         torch.testing.assert_close(a, b, rtol=0, atol=1e-11)
