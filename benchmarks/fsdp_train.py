@@ -146,6 +146,7 @@ def build_system(name: str, path: Path, platform, info: DistInfo, args):
         attn_implementation="varlen" if varlen else "sdpa",
         logits_chunk_size=args.logits_chunk_size,
         compile=name.endswith("-compile"),
+        reshard_after_forward=not args.no_reshard_after_forward,
     )
     return FSDPEngine(spec, config, platform, info)
 
@@ -192,7 +193,12 @@ def profile_step(system, batch: Batch, platform, path: str, rank: int) -> None:
     device = torch.accelerator.current_accelerator()
     key = f"self_{device.type}_time_total" if device is not None else "self_cpu_time_total"
     if rank == 0:
-        Path(path).write_text(prof.key_averages().table(sort_by=key, row_limit=40, max_name_column_width=60))
+        table = prof.key_averages()
+        Path(path).write_text(
+            table.table(sort_by=key, row_limit=40, max_name_column_width=60)
+            + "\n\nBy host time:\n"
+            + table.table(sort_by="cpu_time_total", row_limit=40, max_name_column_width=60)
+        )
 
 
 # -- one process per GPU -----------------------------------------------------------------------------
@@ -255,6 +261,7 @@ def worker(rank: int, world: int, port: int, args, model_name: str, path: str, o
                 "flops_per_step": step_flops_,
                 "max_tokens_per_micro_batch": args.max_tokens_per_micro_batch,
                 "gradient_checkpointing": args.gradient_checkpointing,
+                "reshard_after_forward": not args.no_reshard_after_forward,
                 "peak_memory_gib": memory,
                 "error": error,
             }
@@ -301,6 +308,11 @@ def parse_args(argv=None):
     p.add_argument("--warmup", type=int, default=2)
     p.add_argument("--peak-tflops", type=float, default=989.0, help="per-device peak; 0 disables MFU")
     p.add_argument("--gradient-checkpointing", action="store_true")
+    p.add_argument(
+        "--no-reshard-after-forward",
+        action="store_true",
+        help="fsdp.reshard_after_forward=false: keep each layer's gathered weights until its backward",
+    )
     p.add_argument("--profile", default=None, help="folder for each system's top operators (one step)")
     p.add_argument("--logits-chunk-size", type=int, default=4096)
     p.add_argument("--device", default="auto", help="rlcore device platform name")

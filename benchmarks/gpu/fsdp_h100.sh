@@ -23,6 +23,12 @@ for stage in "${stages[@]}"; do case $stage in
            --tokens-per-step 65536 --max-tokens-per-micro-batch 16384 --steps 4 --warmup 3 --profile "$OUT/profiles" ;;
   scaling) bench scaling 400 --models qwen2.5-0.5b --gpus 1 2 --systems hf-naive fsdp-mp-varlen \
            --tokens-per-step 65536 --max-tokens-per-micro-batch 16384 --steps 4 --warmup 2 ;;
+  tuned) bench naive-small 120 --models qwen2.5-0.5b --gpus 1 --systems hf-naive \
+           --tokens-per-step 65536 --max-tokens-per-micro-batch 8192 --steps 4 --warmup 2
+         bench tuned-small 200 --models qwen2.5-0.5b --gpus 1 --systems fsdp-mp-varlen-compile --no-reshard-after-forward \
+           --tokens-per-step 65536 --max-tokens-per-micro-batch 16384 --steps 4 --warmup 3 --profile "$OUT/profiles"
+         bench tuned-large 230 --models qwen2.5-1.5b --gpus 1 --systems fsdp-mp-varlen-compile --no-reshard-after-forward \
+           --tokens-per-step 65536 --max-tokens-per-micro-batch 16384 --steps 4 --warmup 3 --profile "$OUT/profiles" ;;
 esac; done
 # A call brings back a limited number of files: the profiles travel as one archive.
 [ -d "$OUT/profiles" ] && tar -C "$OUT" -czf "$OUT/profiles.tgz" profiles && rm -rf "$OUT/profiles"

@@ -51,3 +51,6 @@ class FSDPConfig:
     #: softmax statistics into fewer kernels. The first steps pay the compile time; worth it for long runs
     #: on an accelerator.
     compile: bool = False
+    #: AdamW's fused kernel (``torch.optim.AdamW(fused=True)``): one launch per parameter group instead
+    #: of several per-tensor ops; None lets torch choose (its per-op ``foreach`` path).
+    fused_optimizer: bool | None = True
