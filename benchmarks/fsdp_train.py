@@ -147,6 +147,7 @@ def build_system(name: str, path: Path, platform, info: DistInfo, args):
         logits_chunk_size=args.logits_chunk_size,
         compile=name.endswith("-compile"),
         reshard_after_forward=not args.no_reshard_after_forward,
+        reduce_grads_once_per_step=args.reduce_grads_once_per_step,
     )
     return FSDPEngine(spec, config, platform, info)
 
@@ -262,6 +263,7 @@ def worker(rank: int, world: int, port: int, args, model_name: str, path: str, o
                 "max_tokens_per_micro_batch": args.max_tokens_per_micro_batch,
                 "gradient_checkpointing": args.gradient_checkpointing,
                 "reshard_after_forward": not args.no_reshard_after_forward,
+                "reduce_grads_once_per_step": args.reduce_grads_once_per_step,
                 "peak_memory_gib": memory,
                 "error": error,
             }
@@ -308,6 +310,11 @@ def parse_args(argv=None):
     p.add_argument("--warmup", type=int, default=2)
     p.add_argument("--peak-tflops", type=float, default=989.0, help="per-device peak; 0 disables MFU")
     p.add_argument("--gradient-checkpointing", action="store_true")
+    p.add_argument(
+        "--reduce-grads-once-per-step",
+        action="store_true",
+        help="fsdp.reduce_grads_once_per_step: one gather and one reduce-scatter per layer and step",
+    )
     p.add_argument(
         "--no-reshard-after-forward",
         action="store_true",

@@ -51,6 +51,12 @@ class FSDPConfig:
     #: softmax statistics into fewer kernels. The first steps pay the compile time; worth it for long runs
     #: on an accelerator.
     compile: bool = False
+    #: Reduce gradients once per optimizer step instead of after every micro-batch: the micro-batches
+    #: before the last accumulate unsharded fp32 gradients and keep the gathered weights (FSDP2's
+    #: ``set_requires_gradient_sync(False)`` / ``set_reshard_after_backward(False)``), so a step does one
+    #: gather and one reduce-scatter per layer, as DDP would. Costs a full fp32 gradient and the gathered
+    #: weights per rank: for models that fit that way; pair with ``reshard_after_forward: false``.
+    reduce_grads_once_per_step: bool = False
     #: AdamW's fused kernel (``torch.optim.AdamW(fused=True)``): one launch per parameter group instead
     #: of several per-tensor ops; None lets torch choose (its per-op ``foreach`` path).
     fused_optimizer: bool | None = True

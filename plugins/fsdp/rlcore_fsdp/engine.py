@@ -167,7 +167,12 @@ class FSDPEngine(TrainEngine):
         # Losses and metrics stay device tensors until the step ends: a host read per micro-batch would
         # make the host wait for the device instead of preparing the next micro-batch.
         loss_sum, sums, counts = 0.0, defaultdict(float), defaultdict(int)
-        for part in self._micro_batches(batch):
+        parts = self._micro_batches(batch)
+        for k, part in enumerate(parts):
+            if self.config.reduce_grads_once_per_step:
+                last = k == len(parts) - 1
+                self.module.set_requires_gradient_sync(last)
+                self.module.set_reshard_after_backward(last)
             micro = batch.index(list(part.rows))
             inputs = build_inputs(micro, self.spec.head, self.config.use_remove_padding, anchor=True)
             outputs, anchor = self._forward(inputs.to(self.device, pin=self._pin), len(micro), anchor=True)
@@ -330,9 +335,10 @@ class FSDPEngine(TrainEngine):
             flat = {k: v[:-1] for k, v in flat.items()}
         if self.spec.head == "score":
             return {"scores": flat["values"]}, anchor_term
-        valid = inputs.response_valid
+        # index_copy, not masked_scatter: the latter's backward (masked_select) waits for the device.
+        shape = inputs.response_valid.shape
         placed = {
-            k: torch.zeros(valid.shape, dtype=v.dtype, device=v.device).masked_scatter(valid, v)
+            k: v.new_zeros(shape.numel()).index_copy(0, inputs.response_index, v).view(shape)
             for k, v in flat.items()
         }
         return placed, anchor_term

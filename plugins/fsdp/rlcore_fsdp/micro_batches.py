@@ -96,7 +96,8 @@ class ModelInputs:
     ``input_ids``/``position_ids [b, T]`` with ``attention_mask [b, T]``, or ``[1, N]`` packed with
     ``attention_mask`` None; ``index [M]`` flat positions whose hidden states the head reads and
     ``targets [M]`` the tokens they predict; ``response_valid [b, R]`` where the ``M`` per-token results
-    go (None for the score head, whose ``M = b`` results are one per row). Packed inputs also carry
+    go, and ``response_index [M]`` the same as flat positions into ``b*R`` (both None for the score
+    head, whose ``M = b`` results are one per row). Packed inputs also carry
     ``cu_seq_lens [n+1]`` (int32: where each of the ``n`` sequences starts, then ``N``) and
     ``max_length``, the longest sequence (a Python int, so the attention kernel needs no device sync).
     """
@@ -107,6 +108,7 @@ class ModelInputs:
     index: torch.Tensor
     targets: torch.Tensor
     response_valid: torch.Tensor | None
+    response_index: torch.Tensor | None = None
     cu_seq_lens: torch.Tensor | None = None
     max_length: int | None = None
 
@@ -163,7 +165,7 @@ def build_inputs(batch: Batch, head: str, packed: bool, anchor: bool = False) ->
         raise ValueError(f"row {row} of the batch has no real token (attention_mask is all zero)")
     flat_index = torch.arange(b * T).view(b, T)
 
-    response_valid = None
+    response_valid = response_index = None
     if head == "score":
         last = (mask.long() * torch.arange(T)).argmax(-1)  # [b] last real token per row
         index = flat_index[torch.arange(b), last]
@@ -184,6 +186,7 @@ def build_inputs(batch: Batch, head: str, packed: bool, anchor: bool = False) ->
             )
         index = flat_index[rows, P - 1 + cols]
         targets = input_ids[rows, P + cols]
+        response_index = rows * R + cols
     if anchor:
         first = int(mask.reshape(-1).nonzero()[0])
         index = torch.cat([index, torch.tensor([first])])
@@ -196,7 +199,13 @@ def build_inputs(batch: Batch, head: str, packed: bool, anchor: bool = False) ->
         index = (index // T) * (hi - lo) + (index % T - lo)
         cut = slice(lo, hi)
         return ModelInputs(
-            input_ids[:, cut], position_ids[:, cut], mask[:, cut].long(), index, targets, response_valid
+            input_ids[:, cut],
+            position_ids[:, cut],
+            mask[:, cut].long(),
+            index,
+            targets,
+            response_valid,
+            response_index,
         )
 
     expected = mask.long().cumsum(-1) - 1
@@ -218,6 +227,7 @@ def build_inputs(batch: Batch, head: str, packed: bool, anchor: bool = False) ->
         packed_pos[index],
         targets,
         response_valid,
+        response_index,
         cu_seq_lens,
         int(lengths.max()),
     )

@@ -15,6 +15,10 @@ VARIANTS = {
     "padded": ({}, {"dtype": "float64"}),
     "packed": ({"use_remove_padding": True}, {"dtype": "float64", "max_tokens_per_micro_batch": 16}),
     "offload": ({"cpu_offload": True}, {"dtype": "float64"}),
+    "reduce-once": (
+        {"reduce_grads_once_per_step": True, "reshard_after_forward": False},
+        {"dtype": "float64"},
+    ),
     "fp32": ({}, {}),
 }
 
