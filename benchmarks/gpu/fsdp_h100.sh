@@ -31,7 +31,7 @@ for stage in "${stages[@]}"; do case $stage in
            --tokens-per-step 65536 --max-tokens-per-micro-batch 16384 --steps 4 --warmup 3 --profile "$OUT/profiles" ;;
   final) F="--tokens-per-step 65536 --max-tokens-per-micro-batch 16384 --steps 5 --warmup 3 --no-reshard-after-forward"
          bench final-small 170 --models qwen2.5-0.5b --gpus 1 --systems fsdp-mp-varlen-compile $F --reduce-grads-once-per-step
-         bench final-large-sync 170 --models qwen2.5-1.5b --gpus 1 --systems fsdp-mp-varlen-compile $F --profile "$OUT/profiles"
+         bench final-large-sync 170 --models qwen2.5-1.5b --gpus 1 --systems fsdp-mp-varlen-compile $F
          bench final-large 200 --models qwen2.5-1.5b --gpus 1 --systems fsdp-mp-varlen-compile $F --reduce-grads-once-per-step \
            --profile "$OUT/profiles" ;;
 esac; done
