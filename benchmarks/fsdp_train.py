@@ -148,6 +148,7 @@ def build_system(name: str, path: Path, platform, info: DistInfo, args):
         compile=name.endswith("-compile"),
         reshard_after_forward=not args.no_reshard_after_forward,
         reduce_grads_once_per_step=args.reduce_grads_once_per_step,
+        fused_optimizer=None if args.no_fused_optimizer else True,
     )
     return FSDPEngine(spec, config, platform, info)
 
@@ -315,6 +316,7 @@ def parse_args(argv=None):
         action="store_true",
         help="fsdp.reduce_grads_once_per_step: one gather and one reduce-scatter per layer and step",
     )
+    p.add_argument("--no-fused-optimizer", action="store_true", help="fsdp.fused_optimizer=null")
     p.add_argument(
         "--no-reshard-after-forward",
         action="store_true",

@@ -23,6 +23,10 @@ for stage in "${stages[@]}"; do case $stage in
            --tokens-per-step 65536 --max-tokens-per-micro-batch 16384 --steps 4 --warmup 3 --profile "$OUT/profiles" ;;
   scaling) bench scaling 430 --models qwen2.5-0.5b --gpus 1 2 --systems fsdp-mp-varlen-compile --reduce-grads-once-per-step \
            --no-reshard-after-forward --tokens-per-step 65536 --max-tokens-per-micro-batch 16384 --steps 5 --warmup 3 ;;
+  scaling-why) S="--models qwen2.5-0.5b --gpus 2 --systems fsdp-mp-varlen-compile --no-reshard-after-forward --tokens-per-step 65536 --max-tokens-per-micro-batch 16384 --steps 4 --warmup 3"
+         bench why-reduce-once 150 $S --reduce-grads-once-per-step --profile "$OUT/profiles"
+         bench why-sync 120 $S
+         bench why-foreach 120 $S --reduce-grads-once-per-step --no-fused-optimizer ;;
   tuned) bench naive-small 120 --models qwen2.5-0.5b --gpus 1 --systems hf-naive \
            --tokens-per-step 65536 --max-tokens-per-micro-batch 8192 --steps 4 --warmup 2
          bench tuned-small 200 --models qwen2.5-0.5b --gpus 1 --systems fsdp-mp-varlen-compile --no-reshard-after-forward \
