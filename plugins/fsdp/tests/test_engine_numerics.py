@@ -115,3 +115,8 @@ def test_bf16_mixed_precision_trains_and_keeps_fp32_weights(tiny_model_path):
     losses = [engine.train_step(data, nll_entropy_loss)["loss"] for _ in range(2)]
     assert losses[-1] < losses[0]
     assert all(p.dtype == torch.float32 for p in engine.module.parameters())
+
+
+def test_varlen_attention_needs_packing(tiny_model_path):
+    with pytest.raises(ValueError, match="use_remove_padding=true"):
+        make(tiny_model_path, FSDPConfig(attn_implementation="varlen"))

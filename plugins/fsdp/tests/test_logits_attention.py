@@ -111,3 +111,17 @@ def test_varlen_attention_stays_within_each_sequence(lengths):
     want_grads = torch.autograd.grad(want.square().sum(), [q, k, v])
     for a, b in zip(grads, want_grads, strict=True):
         torch.testing.assert_close(a, b, rtol=0, atol=1e-11)
+
+
+def test_compiled_head_matches_eager_and_float64():
+    """``fsdp.compile``'s fused head computes the same values and gradients (float64, a temperature,
+    a last chunk shorter than the others)."""
+    hidden, weight, bias, targets = leaves(True, seed=5)
+    got = linear_log_probs(hidden, weight, bias, targets, 0.6, 10, compiled=True)
+    want = reference(hidden, weight, bias, targets, 0.6)
+    for a, b in zip(got, want, strict=True):
+        torch.testing.assert_close(a, b, rtol=0, atol=1e-12)
+    grads = torch.autograd.grad((got[0] + 0.3 * got[1]).sum(), [hidden, weight, bias])
+    want_grads = torch.autograd.grad((want[0] + 0.3 * want[1]).sum(), [hidden, weight, bias])
+    for a, b in zip(grads, want_grads, strict=True):
+        torch.testing.assert_close(a, b, rtol=0, atol=1e-11)
