@@ -1,6 +1,5 @@
 import pytest
 import torch
-
 from rlcore.weights import assemble, bucketize, tensor_bytes
 
 

@@ -87,9 +87,14 @@ def build_tiny_model(
 
     path = Path(path)
     settings = dict(
-        num_layers=num_layers, hidden_size=hidden_size, num_heads=num_heads, num_kv_heads=num_kv_heads,
-        intermediate_size=intermediate_size, max_position_embeddings=max_position_embeddings,
-        tie_word_embeddings=tie_word_embeddings, seed=seed,
+        num_layers=num_layers,
+        hidden_size=hidden_size,
+        num_heads=num_heads,
+        num_kv_heads=num_kv_heads,
+        intermediate_size=intermediate_size,
+        max_position_embeddings=max_position_embeddings,
+        tie_word_embeddings=tie_word_embeddings,
+        seed=seed,
     )
     marker = path / "rlcore_tiny.json"
     if marker.exists() and json.loads(marker.read_text()) == settings:
