@@ -19,6 +19,7 @@ inputs, with the ``cu_seq_lens_q``/``max_length_q`` keyword arguments that
 
 from __future__ import annotations
 
+import functools
 import inspect
 import math
 
@@ -40,12 +41,15 @@ def register() -> str:
     return ATTN_NAME
 
 
+@functools.cache
 def _kernel():
+    """``(varlen_attn, its parameter names)``, or None before torch 2.9 (looked up once: this runs per
+    layer and micro-batch)."""
     try:
         from torch.nn.attention.varlen import varlen_attn
-    except ImportError:  # torch < 2.9
+    except ImportError:
         return None
-    return varlen_attn
+    return varlen_attn, frozenset(inspect.signature(varlen_attn).parameters)
 
 
 def _kernel_call(
@@ -53,8 +57,7 @@ def _kernel_call(
 ) -> torch.Tensor:
     """``q [N, Hq, D]``, ``k``/``v [N, Hkv, D]`` -> ``[N, Hq, D]`` through ``varlen_attn``, whose signature
     changed between torch releases (``is_causal`` then ``window_size``; ``scale`` and ``enable_gqa`` later)."""
-    kernel = _kernel()
-    params = inspect.signature(kernel).parameters
+    kernel, params = _kernel()
     kwargs = {}
     if "window_size" in params:
         kwargs["window_size"] = (-1, 0)  # causal
