@@ -168,16 +168,16 @@ class FSDPEngine(TrainEngine):
         # make the host wait for the device instead of preparing the next micro-batch.
         loss_sum, sums, counts = 0.0, defaultdict(float), defaultdict(int)
         parts = self._micro_batches(batch)
-        for k, part in enumerate(parts):
+        for i, part in enumerate(parts):
             if self.config.reduce_grads_once_per_step:
-                last = k == len(parts) - 1
+                last = i == len(parts) - 1
                 self.module.set_requires_gradient_sync(last)
                 self.module.set_reshard_after_backward(last)
             micro = batch.index(list(part.rows))
             inputs = build_inputs(micro, self.spec.head, self.config.use_remove_padding, anchor=True)
             outputs, anchor = self._forward(inputs.to(self.device, pin=self._pin), len(micro), anchor=True)
             on_device = Batch(
-                {k: to_device(v, self.device, self._pin) for k, v in micro.tensors.items()},
+                {key: to_device(t, self.device, self._pin) for key, t in micro.tensors.items()},
                 micro.objects,
                 micro.meta,
             )
