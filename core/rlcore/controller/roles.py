@@ -34,19 +34,6 @@ def _mean_metrics(results: Sequence[dict[str, float]]) -> dict[str, float]:
     return {key: sums[key] / counts[key] for key in sums}
 
 
-def _row_slices(batch: Batch, size: int) -> list[Batch]:
-    """Consecutive pieces of ``size`` rows, as :meth:`Batch.split` cuts them but sharing the batch's
-    memory (the groups copy or serialise each piece once anyway)."""
-    return [
-        Batch(
-            {k: v[start : start + size] for k, v in batch.tensors.items()},
-            {k: v[start : start + size] for k, v in batch.objects.items()},
-            batch.meta,
-        )
-        for start in range(0, len(batch), size)
-    ]
-
-
 class TrainRole:
     """One train-engine role (``name``: ``actor``, ``critic``, ``reference`` ...) over its group.
 
@@ -126,7 +113,7 @@ class TrainRole:
                     len(batch), generator=torch.Generator().manual_seed(shuffle_seed + epoch)
                 )
                 data = batch.index(order)
-            for mini in _row_slices(data, size):
+            for mini in data.split(size):
                 # Balance within the mini-batch: its rows make one optimizer step whatever their order.
                 order = self._shard_order(mini)
                 if order is not None:
