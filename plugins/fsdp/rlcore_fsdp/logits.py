@@ -27,6 +27,8 @@ Derivation of the entropy term: ``H = lse - sum_j p_j z_j``; with ``d lse/dz_j =
 
 from __future__ import annotations
 
+import functools
+
 import torch
 import torch.nn.functional as F
 
@@ -67,17 +69,16 @@ def _grad_logits(
     return z.to(logits.dtype)
 
 
-_COMPILED: dict[str, object] = {}
+@functools.cache
+def _compiled_kernels():
+    """:func:`_stats` and :func:`_grad_logits` through ``torch.compile`` (built once, dynamic in the
+    chunk length)."""
+    return torch.compile(_stats, dynamic=True), torch.compile(_grad_logits, dynamic=True)
 
 
 def _kernels(compiled: bool):
-    """``(_stats, _grad_logits)``, through ``torch.compile`` (built once, dynamic in the chunk length)."""
-    if not compiled:
-        return _stats, _grad_logits
-    if not _COMPILED:
-        _COMPILED["stats"] = torch.compile(_stats, dynamic=True)
-        _COMPILED["grad"] = torch.compile(_grad_logits, dynamic=True)
-    return _COMPILED["stats"], _COMPILED["grad"]
+    """``(_stats, _grad_logits)``, compiled or eager."""
+    return _compiled_kernels() if compiled else (_stats, _grad_logits)
 
 
 class _LinearLogProbs(torch.autograd.Function):
