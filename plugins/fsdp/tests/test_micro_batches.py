@@ -17,9 +17,34 @@ def test_token_budget_packs_longest_first_without_exceeding_it():
     costs = [5, 9, 3, 7, 2]
     # First-fit decreasing by hand, budget 12: row 1 (9) opens A; row 3 (7) opens B; row 0 (5) joins B
     # (12); row 2 (3) joins A (12); row 4 (2) fits nowhere and opens C.
-    assert plan_micro_batches(costs, 1, 12) == [[1, 2], [0, 3], [4]]
+    assert plan_micro_batches(costs, 1, 12, balance=False) == [[1, 2], [0, 3], [4]]
     with pytest.raises(ValueError, match=r"row 1 needs 9 tokens.*max_tokens_per_micro_batch=8"):
         plan_micro_batches(costs, 1, 8)
+
+
+def test_token_budget_balances_loads_over_the_first_fit_count():
+    costs = [5, 9, 3, 7, 2]
+    # Three micro-batches as first-fit needs; longest first into the least loaded, by hand: 9 -> A,
+    # 7 -> B, 5 -> C, 3 -> C (5 < 7 < 9), 2 -> B (7 < 8 < 9). Loads 9, 9, 8 instead of 12, 12, 2.
+    assert plan_micro_batches(costs, 1, 12) == [[1], [3, 4], [0, 2]]
+    # Where the greedy spread would overflow a micro-batch, first-fit's packing stays: budget 10 fits
+    # {6, 4} and {4, 3, 3}; the spread gives 6 -> A, 4 -> B, 4 -> B, 3 -> A, then 3 -> B = 11 > 10.
+    assert plan_micro_batches([6, 4, 4, 3, 3], 1, 10) == [[0, 1], [2, 3, 4]]
+
+
+def test_token_budget_on_rl_lengths_leaves_no_runt_micro_batch():
+    g = torch.Generator().manual_seed(2)
+    costs = torch.randint(128, 1025, (150,), generator=g).tolist()  # 82,283 tokens: 5.02 budgets
+    budget = 16384
+    first_fit = plan_micro_batches(costs, 1, budget, balance=False)
+    balanced = plan_micro_batches(costs, 1, budget)
+    assert len(balanced) == len(first_fit) == math.ceil(sum(costs) / budget)
+    assert sorted(i for b in balanced for i in b) == list(range(len(costs)))
+    loads = [sum(costs[i] for i in b) for b in balanced]
+    assert max(loads) <= budget
+    assert max(loads) - min(loads) <= max(costs)
+    # What balancing is for: first-fit's last micro-batch is a runt (704 tokens).
+    assert min(sum(costs[i] for i in b) for b in first_fit) < 1000
 
 
 def test_equalize_splits_then_adds_dummies():
