@@ -133,7 +133,9 @@ class FSDPEngine(TrainEngine):
                 first_name[id(param)] = name
         if not spec.trainable:
             hf.requires_grad_(False)
-        self.module = HeadedModel(hf, spec.head, compiled=config.compile)
+        self.module = HeadedModel(
+            hf, spec.head, compiled=config.compile, keep_logits=not config.recompute_logits
+        )
         parallelize(self.module, mesh, config, spec.gradient_checkpointing)
 
         self.optimizer = None

@@ -7,7 +7,8 @@ that distribution, at least fp32. It is one autograd function over all chunks:
 - forward: per chunk of ``chunk`` tokens, the ``[chunk, V]`` logits, their fp32 statistics (log-partition
   ``lse``, the target's log-prob, the entropy), then the logits are dropped; only ``hidden`` and the
   ``[M]`` statistics are kept;
-- backward: per chunk, the logits once more (the only recomputation) and, in place,
+- backward: per chunk, the logits once more (the only recomputation; with ``keep_logits`` the forward
+  keeps them instead, in the compute dtype) and, in place,
   ``dL/dz = g_lp * onehot(target) - p * (g_lp + g_ent * (z - lse + entropy))`` with ``z = logits / T``
   and ``p = softmax(z)``, then the two matmuls for the hidden and weight gradients (the weight's summed
   over chunks in fp32).
@@ -20,6 +21,11 @@ With ``compiled=True`` the two vocabulary-wide elementwise steps (:func:`_stats`
 go through ``torch.compile``, which fuses each into one or two passes over the bf16 logits; in eager mode
 each is about ten fp32 passes, which on a 150k vocabulary costs more device time than the output
 layer's matmuls (measured on an H100, ``docs/benchmarks.md``).
+
+``keep_logits`` trades memory for compute: the ``[M, V]`` logits (``M * V * 2`` bytes in bf16; 5 GB for
+16k tokens of a 150k vocabulary) live from forward to backward, and the backward skips one output-layer
+matmul per token, about 5% of a 1.5B model's training FLOPs. The kept values are the ones the backward
+would recompute (same matmul, same chunks), so the gradients are the same.
 
 Derivation of the entropy term: ``H = lse - sum_j p_j z_j``; with ``d lse/dz_j = p_j`` and
 ``dp_i/dz_j = p_i (delta_ij - p_j)``, ``dH/dz_j = -p_j (z_j - sum_i p_i z_i) = -p_j (z_j - lse + H)``.
@@ -83,8 +89,11 @@ def _kernels(compiled: bool):
 
 class _LinearLogProbs(torch.autograd.Function):
     @staticmethod
-    def forward(ctx, hidden, weight, bias, targets, temperature, chunk, compiled):
+    def forward(ctx, hidden, weight, bias, targets, temperature, chunk, compiled, keep_logits):
         stats, _ = _kernels(compiled)
+        # Kept chunks are intermediates, held on ctx (not save_for_backward) so the backward can free
+        # each one as soon as it has used it.
+        ctx.logits = [] if keep_logits else None
         out_dtype = torch.promote_types(hidden.dtype, torch.float32)
         log_probs = hidden.new_empty(hidden.shape[0], dtype=out_dtype)
         entropy, lse = torch.empty_like(log_probs), torch.empty_like(log_probs)
@@ -93,6 +102,8 @@ class _LinearLogProbs(torch.autograd.Function):
             log_probs[s : s + chunk], entropy[s : s + chunk], lse[s : s + chunk] = stats(
                 logits, targets[s : s + chunk], temperature
             )
+            if keep_logits:
+                ctx.logits.append(logits)
             del logits
         ctx.save_for_backward(hidden, weight, bias, targets, lse, entropy)
         ctx.temperature, ctx.chunk, ctx.compiled = temperature, chunk, compiled
@@ -110,10 +121,14 @@ class _LinearLogProbs(torch.autograd.Function):
         acc = torch.promote_types(weight.dtype, torch.float32)
         grad_weight = torch.zeros(weight.shape, dtype=acc, device=weight.device) if need_w else None
         grad_bias = torch.zeros(bias.shape, dtype=acc, device=bias.device) if need_b else None
-        for s in range(0, hidden.shape[0], chunk):
+        for k, s in enumerate(range(0, hidden.shape[0], chunk)):
             h = hidden[s : s + chunk]
+            if ctx.logits is None:
+                logits = F.linear(h, weight, bias)
+            else:
+                logits, ctx.logits[k] = ctx.logits[k], None
             grad = grad_logits(
-                F.linear(h, weight, bias),
+                logits,
                 targets[s : s + chunk],
                 lse[s : s + chunk],
                 entropy[s : s + chunk],
@@ -121,6 +136,7 @@ class _LinearLogProbs(torch.autograd.Function):
                 g_ent[s : s + chunk],
                 temperature,
             )  # [c, V]
+            del logits
             if need_h:
                 grad_hidden[s : s + chunk] = grad @ weight
             if need_w:
@@ -131,6 +147,7 @@ class _LinearLogProbs(torch.autograd.Function):
             grad_hidden,
             None if grad_weight is None else grad_weight.to(weight.dtype),
             None if grad_bias is None else grad_bias.to(bias.dtype),
+            None,
             None,
             None,
             None,
@@ -146,15 +163,22 @@ def linear_log_probs(
     temperature: float,
     chunk_size: int,
     compiled: bool = False,
+    keep_logits: bool = False,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """Log-probs and entropy ``[M]`` (at least fp32) of ``targets [M]`` under the output layer
     ``weight [V, H]`` (+ ``bias [V]``) applied to ``hidden [M, H]``, ``chunk_size`` tokens at a time;
-    ``compiled`` fuses the elementwise work with ``torch.compile``."""
+    ``compiled`` fuses the elementwise work with ``torch.compile``; ``keep_logits`` keeps the logits
+    for the backward instead of recomputing them (only when a gradient will be taken)."""
     if chunk_size < 1:
         raise ValueError(f"chunk_size must be >= 1, got {chunk_size}")
     if hidden.shape[0] == 0:
         empty = hidden.new_zeros(0, dtype=torch.promote_types(hidden.dtype, torch.float32))
         return empty, empty
+    keep = (
+        keep_logits
+        and torch.is_grad_enabled()
+        and any(t is not None and t.requires_grad for t in (hidden, weight, bias))
+    )
     return _LinearLogProbs.apply(
-        hidden, weight, bias, targets, float(temperature), int(chunk_size), bool(compiled)
+        hidden, weight, bias, targets, float(temperature), int(chunk_size), bool(compiled), keep
     )

@@ -116,11 +116,12 @@ def decoder_layers(model: nn.Module) -> list[nn.Module]:
 class HeadedModel(nn.Module):
     """An HF model plus the reading of its head at chosen token positions (the FSDP root module)."""
 
-    def __init__(self, hf_model: nn.Module, head: str, compiled: bool = False):
+    def __init__(self, hf_model: nn.Module, head: str, compiled: bool = False, keep_logits: bool = False):
         super().__init__()
         self.hf = hf_model
         self.head = head
         self.compiled = compiled  # fuse the log-prob head's elementwise work (torch.compile)
+        self.keep_logits = keep_logits  # keep the head's logits for the backward (rlcore_fsdp.logits)
 
     def backbone(self) -> nn.Module:
         return getattr(self.hf, self.hf.base_model_prefix)
@@ -165,7 +166,14 @@ class HeadedModel(nn.Module):
         if self.head == "lm":
             out_layer = self.hf.get_output_embeddings()
             log_probs, entropy = linear_log_probs(
-                hidden, out_layer.weight, out_layer.bias, targets, temperature, chunk_size, self.compiled
+                hidden,
+                out_layer.weight,
+                out_layer.bias,
+                targets,
+                temperature,
+                chunk_size,
+                self.compiled,
+                self.keep_logits,
             )
             return {"log_probs": log_probs, "entropy": entropy}
         values = self.hf.score(hidden).squeeze(-1)

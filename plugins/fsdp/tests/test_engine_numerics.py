@@ -76,9 +76,13 @@ def trained_reference(tiny_model_path):
             {"use_remove_padding": True, "attn_implementation": "varlen", "logits_chunk_size": 4},
             {"max_tokens_per_micro_batch": 24},
         ),
+        (
+            {"use_remove_padding": True, "logits_chunk_size": 4, "recompute_logits": False},
+            {"max_tokens_per_micro_batch": 30},
+        ),
         ({"reshard_after_forward": False}, {"micro_batch_size": 7, "gradient_checkpointing": True}),
     ],
-    ids=["padded", "packed-token-budget", "packed-varlen", "checkpointing"],
+    ids=["padded", "packed-token-budget", "packed-varlen", "kept-logits", "checkpointing"],
 )
 def test_train_steps_equal_plain_hf_loop(tiny_model_path, trained_reference, config, overrides):
     want_weights, want_metrics = trained_reference

@@ -33,9 +33,12 @@ def leaves(with_bias: bool, seed: int = 0):
 @pytest.mark.parametrize("chunk", [1, 5, M, 4 * M])
 @pytest.mark.parametrize("temperature", [1.0, 0.6])
 @pytest.mark.parametrize("with_bias", [False, True])
-def test_linear_log_probs_matches_full_log_softmax(chunk, temperature, with_bias):
+@pytest.mark.parametrize("keep_logits", [False, True])
+def test_linear_log_probs_matches_full_log_softmax(chunk, temperature, with_bias, keep_logits):
     hidden, weight, bias, targets = leaves(with_bias)
-    log_probs, entropy = linear_log_probs(hidden, weight, bias, targets, temperature, chunk)
+    log_probs, entropy = linear_log_probs(
+        hidden, weight, bias, targets, temperature, chunk, keep_logits=keep_logits
+    )
     want_lp, want_ent = reference(hidden, weight, bias, targets, temperature)
     torch.testing.assert_close(log_probs, want_lp, rtol=0, atol=1e-12)
     torch.testing.assert_close(entropy, want_ent, rtol=0, atol=1e-12)
@@ -71,6 +74,19 @@ def test_linear_log_probs_bf16_inputs_give_fp32_close_to_float64():
     # bf16 logits carry ~3 significant digits; the statistics are then computed in fp32.
     assert float((lp.double() - want_lp).abs().max()) < 0.3
     assert float((ent.double() - want_ent).abs().max()) < 0.3
+
+
+def test_kept_logits_give_the_recomputed_gradients_in_bf16():
+    """``fsdp.recompute_logits: false`` keeps the very logits the backward would recompute, so even
+    in bf16 (where a different rounding would show) the gradients are identical."""
+    hidden, weight, bias, targets = leaves(True, seed=6)
+    grads = {}
+    for keep in (False, True):
+        h, w, b = (t.detach().bfloat16().requires_grad_() for t in (hidden, weight, bias))
+        lp, ent = linear_log_probs(h, w, b, targets, 0.8, 6, keep_logits=keep)
+        grads[keep] = torch.autograd.grad((lp - 0.5 * ent).sum(), [h, w, b])
+    for a, b in zip(grads[False], grads[True], strict=True):
+        assert torch.equal(a, b)
 
 
 def test_linear_log_probs_empty_and_bad_chunk():
@@ -115,9 +131,9 @@ def test_varlen_attention_stays_within_each_sequence(lengths):
 
 def test_compiled_head_matches_eager_and_float64():
     """``fsdp.compile``'s fused head computes the same values and gradients (float64, a temperature,
-    a last chunk shorter than the others)."""
+    a last chunk shorter than the others, logits kept from the forward)."""
     hidden, weight, bias, targets = leaves(True, seed=5)
-    got = linear_log_probs(hidden, weight, bias, targets, 0.6, 10, compiled=True)
+    got = linear_log_probs(hidden, weight, bias, targets, 0.6, 10, compiled=True, keep_logits=True)
     want = reference(hidden, weight, bias, targets, 0.6)
     for a, b in zip(got, want, strict=True):
         torch.testing.assert_close(a, b, rtol=0, atol=1e-12)
