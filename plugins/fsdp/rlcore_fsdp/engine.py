@@ -192,13 +192,14 @@ class FSDPEngine(TrainEngine):
                 for key, value in metrics.items():
                     sums[key] = sums[key] + (value.detach() if isinstance(value, torch.Tensor) else value)
                     counts[key] += 1
-        loss_sum = float(loss_sum)
-        sums = defaultdict(float, {key: float(value) for key, value in sums.items()})
-
         params = [p for p in self.module.parameters() if p.requires_grad]
         max_norm = self.spec.grad_clip if self.spec.grad_clip > 0 else math.inf
         grad_norm = torch.nn.utils.clip_grad_norm_(params, max_norm)
+        # The host reads come after the clipping is queued, so the device goes on from the last backward
+        # to the clipping without waiting for the host.
         grad_norm = float(grad_norm.full_tensor() if isinstance(grad_norm, DTensor) else grad_norm)
+        loss_sum = float(loss_sum)
+        sums = defaultdict(float, {key: float(value) for key, value in sums.items()})
         lr = self.spec.lr * lr_factor(
             self.step,
             self.spec.lr_schedule,
