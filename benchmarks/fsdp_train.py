@@ -130,6 +130,7 @@ def build_system(name: str, path: Path, platform, info: DistInfo, args):
         return NaiveHF(path, device, info.world_size, args.max_tokens_per_micro_batch)
     from rlcore_fsdp.config import FSDPConfig
     from rlcore_fsdp.engine import FSDPEngine
+    from rlcore_fsdp.micro_batches import plan_micro_batches
 
     bf16 = name.startswith("fsdp-bf16")
     varlen = "-varlen" in name
@@ -149,7 +150,14 @@ def build_system(name: str, path: Path, platform, info: DistInfo, args):
         reshard_after_forward=not args.no_reshard_after_forward,
         reduce_grads_once_per_step=args.reduce_grads_once_per_step,
         fused_optimizer=None if args.no_fused_optimizer else True,
+        recompute_logits=not args.no_recompute_logits,
     )
+    if args.first_fit_micro_batches:  # the engine's planning before it balanced micro-batch loads
+        import functools
+
+        import rlcore_fsdp.engine
+
+        rlcore_fsdp.engine.plan_micro_batches = functools.partial(plan_micro_batches, balance=False)
     return FSDPEngine(spec, config, platform, info)
 
 
@@ -187,7 +195,7 @@ def peak_memory_gib(platform) -> float:
 
 def profile_step(system, batch: Batch, platform, path: str, rank: int) -> None:
     """One more step under ``torch.profiler``; rank 0 writes the operators by device (else CPU) time
-    to ``path``."""
+    to ``path``, and on an accelerator where in the step the device sat idle (:func:`device_idle`)."""
     from torch.profiler import profile, supported_activities
 
     with profile(activities=supported_activities()) as prof:
@@ -197,10 +205,50 @@ def profile_step(system, batch: Batch, platform, path: str, rank: int) -> None:
     if rank == 0:
         table = prof.key_averages()
         Path(path).write_text(
-            table.table(sort_by=key, row_limit=40, max_name_column_width=60)
+            device_idle(prof)
+            + table.table(sort_by=key, row_limit=40, max_name_column_width=60)
             + "\n\nBy host time:\n"
             + table.table(sort_by="cpu_time_total", row_limit=40, max_name_column_width=60)
         )
+
+
+def device_idle(prof, gaps: int = 12) -> str:
+    """The profiled step's wall time, the device's busy time (the union of its kernels, copies and sets)
+    and its longest idle gaps, each with the host operators running then (innermost first) and the
+    kernel that ended the gap: what a step spends outside device work. Empty on a CPU."""
+    from torch.autograd import DeviceType
+
+    events = list(prof.profiler.kineto_results.events())
+    work = sorted(
+        (e.start_ns(), e.end_ns(), e.name())
+        for e in events
+        if e.device_type() != DeviceType.CPU and not e.is_user_annotation() and e.duration_ns() > 0
+    )
+    if not work:
+        return ""
+    host = [(e.start_ns(), e.end_ns(), e.name()) for e in events if e.device_type() == DeviceType.CPU]
+    begin, end = min(h[0] for h in host), max(max(h[1] for h in host), work[-1][1])
+    idle, busy, cursor = [], 0, begin
+    for start, stop, name in work:
+        if start > cursor:
+            idle.append((start - cursor, cursor, name))
+        if stop > cursor:
+            busy += stop - max(start, cursor)
+            cursor = stop
+    if end > cursor:
+        idle.append((end - cursor, cursor, "(end of step)"))
+    lines = [
+        f"Device idle: {(end - begin - busy) / 1e6:.1f} ms of a {(end - begin) / 1e6:.1f} ms step "
+        f"({100 * (end - begin - busy) / (end - begin):.1f}%), in {len(idle)} gaps; the longest:"
+    ]
+    for length, at, after in sorted(idle, reverse=True)[:gaps]:
+        middle = at + length // 2
+        running = sorted((h[1] - h[0], h[2]) for h in host if h[0] <= middle < h[1])
+        ops = " < ".join(name for _, name in running[:4]) or "-"
+        lines.append(
+            f"  {length / 1e6:8.2f} ms at +{(at - begin) / 1e6:8.1f} ms, host in: {ops}; then {after[:60]}"
+        )
+    return "\n".join(lines) + "\n\n"
 
 
 # -- one process per GPU -----------------------------------------------------------------------------
@@ -267,6 +315,8 @@ def worker(rank: int, world: int, port: int, args, model_name: str, path: str, o
                 "gradient_checkpointing": args.gradient_checkpointing,
                 "reshard_after_forward": not args.no_reshard_after_forward,
                 "reduce_grads_once_per_step": args.reduce_grads_once_per_step,
+                "recompute_logits": not args.no_recompute_logits,
+                "balanced_micro_batches": not args.first_fit_micro_batches,
                 "peak_memory_gib": memory,
                 "error": error,
             }
@@ -319,6 +369,16 @@ def parse_args(argv=None):
         help="fsdp.reduce_grads_once_per_step: one gather and one reduce-scatter per layer and step",
     )
     p.add_argument("--no-fused-optimizer", action="store_true", help="fsdp.fused_optimizer=null")
+    p.add_argument(
+        "--no-recompute-logits",
+        action="store_true",
+        help="fsdp.recompute_logits=false: keep the head's logits for the backward",
+    )
+    p.add_argument(
+        "--first-fit-micro-batches",
+        action="store_true",
+        help="plan micro-batches first-fit, without balancing their loads (the engine before it balanced)",
+    )
     p.add_argument(
         "--no-reshard-after-forward",
         action="store_true",
