@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # The FSDP rows of docs/benchmarks.md on the lent GPU machine (torch preinstalled, no registry):
 #   bash benchmarks/gpu/fsdp_h100.sh [stage ...]     (results and logs under $OUT, default /tmp/out)
-# Stages: setup (install the project into /tmp/proj), small (0.5B), large (1.5B), compile, scaling (1 vs 2 GPUs).
+# Stages: setup (install the project into /tmp/proj), small (0.5B), large (1.5B), compile, scaling (1 vs 2 GPUs),
+# and the later tuning stages below (each a row or comparison of docs/benchmarks.md).
 set -uo pipefail
 OUT=${OUT:-/tmp/out}; mkdir -p "$OUT"
 export PYTHONPATH=/tmp/proj${PYTHONPATH:+:$PYTHONPATH} TOKENIZERS_PARALLELISM=false
@@ -41,6 +42,12 @@ for stage in "${stages[@]}"; do case $stage in
          bench final-large-sync 170 --models qwen2.5-1.5b --gpus 1 --systems fsdp-mp-varlen-compile $F
          bench final-large 200 --models qwen2.5-1.5b --gpus 1 --systems fsdp-mp-varlen-compile $F --reduce-grads-once-per-step \
            --profile "$OUT/profiles" ;;
+  mfu) M="--models qwen2.5-1.5b --gpus 1 --systems fsdp-mp-varlen-compile --no-reshard-after-forward --reduce-grads-once-per-step --max-tokens-per-micro-batch 16384 --logits-chunk-size 8192 --tokens-per-step 262144 --steps 3 --warmup 2"
+         bench mfu-first-fit 280 $M --first-fit-micro-batches
+         bench mfu-balanced 300 $M --profile "$OUT/profiles" ;;
+  mfu-logits) M="--models qwen2.5-1.5b --gpus 1 --systems fsdp-mp-varlen-compile --no-reshard-after-forward --reduce-grads-once-per-step --max-tokens-per-micro-batch 16384 --tokens-per-step 262144 --steps 3 --warmup 2"
+         bench mfu-kept-logits 280 $M --logits-chunk-size 8192 --no-recompute-logits --profile "$OUT/profiles"
+         bench mfu-kept-logits-4k 250 $M --logits-chunk-size 4096 --no-recompute-logits ;;
 esac; done
 # A call brings back a limited number of files: the profiles travel as one archive.
 [ -d "$OUT/profiles" ] && tar -C "$OUT" -czf "$OUT/profiles.tgz" profiles && rm -rf "$OUT/profiles"
