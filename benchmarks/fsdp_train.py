@@ -384,6 +384,11 @@ def parse_args(argv=None):
         action="store_true",
         help="fsdp.reshard_after_forward=false: keep each layer's gathered weights until its backward",
     )
+    p.add_argument(
+        "--expandable-segments",
+        action="store_true",
+        help="PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True (less fragmentation near the memory limit)",
+    )
     p.add_argument("--profile", default=None, help="folder for each system's top operators (one step)")
     p.add_argument("--logits-chunk-size", type=int, default=4096)
     p.add_argument("--device", default="auto", help="rlcore device platform name")
@@ -403,6 +408,8 @@ def parse_args(argv=None):
 
 def main(argv=None) -> None:
     args = parse_args(argv)
+    if args.expandable_segments:  # before the first device allocation; the spawned ranks inherit it
+        os.environ["PYTORCH_CUDA_ALLOC_CONF"] = "expandable_segments:True"
     if args.profile:
         Path(args.profile).mkdir(parents=True, exist_ok=True)
     platform = get_platform(args.device)
