@@ -51,8 +51,7 @@ for stage in "${stages[@]}"; do case $stage in
   mfu-final) M="--models qwen2.5-1.5b --gpus 1 --systems fsdp-mp-varlen-compile --no-reshard-after-forward --reduce-grads-once-per-step --max-tokens-per-micro-batch 16384 --tokens-per-step 262144 --steps 3 --warmup 2"
          bench final-before 170 $M --logits-chunk-size 8192 --first-fit-micro-batches
          bench final-after 160 $M --logits-chunk-size 4096 --no-recompute-logits
-         bench final-after-expandable 160 $M --logits-chunk-size 4096 --no-recompute-logits --expandable-segments --profile "$OUT/profiles"
-         bench final-after-expandable-8k 100 $M --logits-chunk-size 8192 --no-recompute-logits --expandable-segments ;;
+         bench final-after-expandable 160 $M --logits-chunk-size 4096 --no-recompute-logits --expandable-segments --profile "$OUT/profiles" ;;
 esac; done
 # A call brings back a limited number of files: the profiles travel as one archive.
 [ -d "$OUT/profiles" ] && tar -C "$OUT" -czf "$OUT/profiles.tgz" profiles && rm -rf "$OUT/profiles"
