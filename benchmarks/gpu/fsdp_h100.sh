@@ -49,9 +49,12 @@ for stage in "${stages[@]}"; do case $stage in
          bench mfu-kept-logits 280 $M --logits-chunk-size 8192 --no-recompute-logits --profile "$OUT/profiles"
          bench mfu-kept-logits-4k 250 $M --logits-chunk-size 4096 --no-recompute-logits ;;
   mfu-final) M="--models qwen2.5-1.5b --gpus 1 --systems fsdp-mp-varlen-compile --no-reshard-after-forward --reduce-grads-once-per-step --max-tokens-per-micro-batch 16384 --tokens-per-step 262144 --steps 3 --warmup 2"
+         S="--models qwen2.5-0.5b --gpus 1 --tokens-per-step 65536 --steps 5 --warmup 3"
          bench final-before 170 $M --logits-chunk-size 8192 --first-fit-micro-batches
-         bench final-after 160 $M --logits-chunk-size 4096 --no-recompute-logits
-         bench final-after-expandable 160 $M --logits-chunk-size 4096 --no-recompute-logits --expandable-segments --profile "$OUT/profiles" ;;
+         bench final-after 170 $M --logits-chunk-size 4096 --no-recompute-logits --profile "$OUT/profiles"
+         bench final-small-naive 90 $S --systems hf-naive --max-tokens-per-micro-batch 8192
+         bench final-small-after 120 $S --systems fsdp-mp-varlen-compile --no-reshard-after-forward --reduce-grads-once-per-step \
+           --max-tokens-per-micro-batch 16384 --logits-chunk-size 4096 --no-recompute-logits ;;
 esac; done
 # A call brings back a limited number of files: the profiles travel as one archive.
 [ -d "$OUT/profiles" ] && tar -C "$OUT" -czf "$OUT/profiles.tgz" profiles && rm -rf "$OUT/profiles"
