@@ -9,7 +9,11 @@ mask alone is 256M entries per layer).
 Kernel: ``torch.nn.attention.varlen.varlen_attn`` (PyTorch's flash-attention var-len op), used wherever
 the tensors' device and dtype support it. Elsewhere (the CPU, fp32 anywhere) the same result comes from
 one causal SDPA call per sequence: exact, and cheap for the short sequences small runs have. Which one a
-``(device type, dtype)`` gets is found by trying the kernel once, so no device is named here.
+``(device type, dtype)`` gets is found by probing the kernel once on tiny real tensors of that device and
+dtype (so no device is named here), never traced, and the answer is a constant to ``torch.compile``: so a
+compiled decoder layer (``fsdp.compile``) takes the same decision as an eager one. (Trying the kernel on
+the real inputs would not do under compile: dynamo traces the call with fake tensors, which every device
+accepts, and the compiled code then fails at run time.)
 
 The backend registers with transformers' ``AttentionInterface`` as :data:`ATTN_NAME`; being unknown to
 ``transformers.masking_utils``, it gets no mask (``attention_mask`` is None), so it only runs on packed
@@ -28,9 +32,6 @@ import torch.nn.functional as F
 
 #: The name the backend is registered under in transformers (what the model is loaded with).
 ATTN_NAME = "rlcore_varlen"
-
-# (device type, dtype) -> whether the var-len kernel runs there; filled by the first call.
-_KERNEL_WORKS: dict[tuple[str, torch.dtype], bool] = {}
 
 
 def register() -> str:
@@ -76,6 +77,35 @@ def _kernel_call(
     return kernel(q, k, v, cu, cu, max_len, max_len, **kwargs)
 
 
+@functools.cache
+def _probe(device_type: str, dtype: torch.dtype) -> bool:
+    """Whether :func:`_kernel_call` runs on ``device_type`` in ``dtype``: one call on 2 tokens, 1 head,
+    head dim 8 (``[2, 1, 8]``), whose failure (no flash kernel for the CPU, fp32 or this GPU) means no."""
+    if _kernel() is None:
+        return False
+    x = torch.zeros(2, 1, 8, device=device_type, dtype=dtype)
+    cu = torch.tensor([0, 1, 2], device=device_type, dtype=torch.int32)
+    try:
+        with torch.no_grad():
+            _kernel_call(x, x, x, cu, 1, 8**-0.5)
+    except (RuntimeError, NotImplementedError):
+        return False
+    return True
+
+
+@torch.compiler.assume_constant_result
+def _kernel_runs(device_type: str, dtype: torch.dtype) -> bool:
+    """:func:`_probe`, which dynamo calls while tracing and keeps as a constant: it must not trace the
+    probe (fake tensors would let the kernel "run" on any device). A plain function around the cached
+    one, because dynamo traces through a ``functools.cache`` wrapper to the function it wraps."""
+    return _probe(device_type, dtype)
+
+
+# Eager even inside a compiled layer: traced, the loop over ``cu.tolist()`` would specialise the graph
+# on the number of sequences and their lengths, recompiling for nearly every micro-batch (measured on
+# the CPU: 20-30 s per new batch layout for this function alone, then eager anyway once dynamo's
+# recompile limit is hit). Disabled, it is one graph break with nothing to specialise.
+@torch.compiler.disable
 def _per_sequence(
     q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, cu: torch.Tensor, scale: float
 ) -> torch.Tensor:
@@ -96,16 +126,8 @@ def varlen_attention(
 ) -> torch.Tensor:
     """Causal attention within each packed sequence: ``q [N, Hq, D]``, ``k``/``v [N, Hkv, D]`` (``Hq`` a
     multiple of ``Hkv``), ``cu_seq_lens [n+1]`` int32 starting at 0 and ending at ``N`` -> ``[N, Hq, D]``."""
-    key = (q.device.type, q.dtype)
-    if _KERNEL_WORKS.get(key, _kernel() is not None):
-        try:
-            out = _kernel_call(q, k, v, cu_seq_lens, max_len, scale)
-            _KERNEL_WORKS[key] = True
-            return out
-        except (RuntimeError, NotImplementedError):
-            if _KERNEL_WORKS.get(key):  # it ran before with this device and dtype: a real error
-                raise
-            _KERNEL_WORKS[key] = False
+    if _kernel_runs(q.device.type, q.dtype):
+        return _kernel_call(q, k, v, cu_seq_lens, max_len, scale)  # an error here is a real one
     return _per_sequence(q, k, v, cu_seq_lens, scale)
 
 

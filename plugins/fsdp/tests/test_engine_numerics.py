@@ -5,6 +5,7 @@ import torch
 from fsdp_support import batch, full_weights, hf_reference, nll_entropy_loss, spec, train_reference
 from rlcore.api import DistInfo
 from rlcore.devices import get_platform
+from rlcore_fsdp import attention
 from rlcore_fsdp.config import FSDPConfig
 from rlcore_fsdp.engine import FSDPEngine
 from transformers import AutoModelForCausalLM
@@ -124,3 +125,28 @@ def test_bf16_mixed_precision_trains_and_keeps_fp32_weights(tiny_model_path):
 def test_varlen_attention_needs_packing(tiny_model_path):
     with pytest.raises(ValueError, match="use_remove_padding=true"):
         make(tiny_model_path, FSDPConfig(attn_implementation="varlen"))
+
+
+def test_compiled_varlen_train_steps_equal_eager(tiny_model_path):
+    """``fsdp.compile`` with the ``varlen`` backend on the CPU: the compiled layers take the per-sequence
+    path, as eager ones do (they once traced the flash kernel, which then failed at run time). The compiled
+    engine goes first, with the kernel probe forgotten, so its decision is made while dynamo traces, as in
+    a compiled run's own process. Inductor fuses the float32 arithmetic inside Qwen2's RMSNorm (which
+    upcasts to float32 even in a float64 model) differently from eager, so even in float64 the two agree
+    to float32 precision, not to the last bit."""
+    attention._probe.cache_clear()
+    metrics = {}
+    for compile_ in (True, False):
+        engine = make(
+            tiny_model_path,
+            FSDPConfig(
+                use_remove_padding=True, attn_implementation="varlen", logits_chunk_size=4, compile=compile_
+            ),
+            dtype="float64",
+            temperature=TEMPERATURE,
+            max_tokens_per_micro_batch=24,
+        )
+        metrics[compile_] = [engine.train_step(batch(), nll_entropy_loss) for _ in range(2)]
+    for eager, compiled in zip(metrics[False], metrics[True], strict=True):
+        assert compiled["loss"] == pytest.approx(eager["loss"], rel=1e-6)
+        assert compiled["grad_norm"] == pytest.approx(eager["grad_norm"], rel=1e-6)
