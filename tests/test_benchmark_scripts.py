@@ -24,3 +24,19 @@ def test_fsdp_train_tiny_runs_every_system_on_one_and_two_ranks(tmp_path):
     for row in rows:
         assert row["error"] is None, row
         assert row["tokens_per_s"] > 0 and len(row["step_s"]) == 2
+
+
+def test_logits_kernels_smoke_checks_every_variant_against_float64(tmp_path):
+    out = tmp_path / "lk.json"
+    cmd = [sys.executable, "benchmarks/logits_kernels.py", "--tokens", "48", "--vocab", "300"]
+    cmd += ["--device", "cpu", "--repeats", "2", "--out", str(out)]
+    done = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=600)
+    assert done.returncode == 0, done.stderr[-3000:]
+    rows = json.loads(out.read_text())["results"]
+    measured = [r for r in rows if r["variant"] != "-"]
+    assert sorted((r["variant"], r["kernel"]) for r in measured) == sorted(
+        (v, k) for v in ("eager", "compiled-dynamic", "compiled") for k in ("statistics", "gradient")
+    )
+    # bf16 logits, fp32 statistics: far below bf16's own rounding of the logits (3 * 2**-8 at |z| ~ 3)
+    for r in measured:
+        assert r["max_err"] < (1e-4 if r["kernel"] == "statistics" else 2e-2), r
