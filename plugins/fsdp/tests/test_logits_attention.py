@@ -11,7 +11,7 @@ import pytest
 import torch
 from rlcore_fsdp import attention
 from rlcore_fsdp.attention import varlen_attention
-from rlcore_fsdp.logits import linear_log_probs
+from rlcore_fsdp.logits import _grad_logits, _grad_logits_functional, linear_log_probs
 
 M, H, V = 23, 8, 31
 
@@ -175,3 +175,20 @@ def test_compiled_varlen_attention_matches_loop(dtype, rtol, atol):
         want_grads = torch.autograd.grad(want, [q, k, v], cotangent)
         for a, b in zip(grads, want_grads, strict=True):
             torch.testing.assert_close(a.double(), b, rtol=rtol, atol=atol)
+
+
+@pytest.mark.parametrize("temperature", [1.0, 0.6])
+def test_both_gradient_forms_equal_autograd_in_float64(temperature):
+    """The in-place gradient (eager) and the functional one (what ``fsdp.compile`` compiles) against
+    autograd of ``g_lp * log_softmax[target] + g_ent * entropy`` through the logits, in float64."""
+    g = torch.Generator().manual_seed(7)
+    logits = torch.randn(M, V, dtype=torch.float64, generator=g, requires_grad=True)
+    targets = torch.randint(0, V, (M,), generator=g)
+    g_lp, g_ent = torch.randn(2, M, dtype=torch.float64, generator=g)
+    log_p = torch.log_softmax(logits / temperature, dim=-1)
+    lp, ent = log_p.gather(-1, targets[:, None])[:, 0], -(log_p.exp() * log_p).sum(-1)
+    (want,) = torch.autograd.grad((g_lp * lp + g_ent * ent).sum(), [logits])
+    lse = torch.logsumexp(logits.detach() / temperature, dim=-1)
+    args = (logits.detach(), targets, lse, ent.detach(), g_lp, g_ent, temperature)
+    torch.testing.assert_close(_grad_logits(*args), want, rtol=0, atol=1e-12)
+    torch.testing.assert_close(_grad_logits_functional(*args), want, rtol=0, atol=1e-12)
