@@ -27,6 +27,9 @@ for stage in "${stages[@]}"; do case $stage in
   large-steps) L="--models qwen2.5-1.5b --gpus 1 --systems fsdp-mp-varlen-compile --no-reshard-after-forward --reduce-grads-once-per-step --max-tokens-per-micro-batch 16384 --logits-chunk-size 8192 --steps 4 --warmup 3"
          bench large-128k 230 $L --tokens-per-step 131072
          bench large-256k 260 $L --tokens-per-step 262144 --steps 3 --warmup 2 ;;
+  scaling-final) bench scaling-final 430 --models qwen2.5-0.5b --gpus 1 2 --systems fsdp-mp-varlen-compile --reduce-grads-once-per-step \
+           --no-reshard-after-forward --tokens-per-step 65536 --max-tokens-per-micro-batch 16384 --logits-chunk-size 4096 \
+           --no-recompute-logits --steps 5 --warmup 3 ;;
   scaling-why) S="--models qwen2.5-0.5b --gpus 2 --systems fsdp-mp-varlen-compile --no-reshard-after-forward --tokens-per-step 65536 --max-tokens-per-micro-batch 16384 --steps 4 --warmup 3"
          bench why-reduce-once 150 $S --reduce-grads-once-per-step --profile "$OUT/profiles"
          bench why-sync 120 $S
