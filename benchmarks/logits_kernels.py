@@ -8,8 +8,10 @@ the gradient, write as many bytes). Variants (``--variants``):
 - ``eager``: ``_stats`` and the in-place ``_grad_logits`` without the compiler (``fsdp.compile: false``);
 - ``compiled-dynamic``: both through ``torch.compile(dynamic=True)``, as the engine did before: the
   vocabulary size is symbolic too;
-- ``compiled``: the engine's kernels now (``_compiled_kernels``): automatic-dynamic shapes (only the chunk
-  length symbolic) and the gradient in its scatter-free functional form.
+- ``compiled-in-place``: automatic-dynamic shapes (only the chunk length symbolic), the gradient still
+  in its in-place form with a scatter;
+- ``compiled``: the engine's kernels now (``_compiled_kernels``): automatic-dynamic shapes and the
+  gradient in its scatter-free functional form.
 
 Each compiled variant first sees two other chunk lengths, as in training (the last chunk of a micro-batch
 is shorter), so the timed call runs the shape-generic kernel. ``max_err`` is the largest absolute
@@ -37,7 +39,7 @@ import torch
 from rlcore.devices import get_platform
 from rlcore_fsdp import logits as head
 
-VARIANTS = ("eager", "compiled-dynamic", "compiled")
+VARIANTS = ("eager", "compiled-dynamic", "compiled-in-place", "compiled")
 
 
 def kernels(variant: str):
@@ -46,6 +48,8 @@ def kernels(variant: str):
         return head._stats, head._grad_logits
     if variant == "compiled-dynamic":
         return torch.compile(head._stats, dynamic=True), torch.compile(head._grad_logits, dynamic=True)
+    if variant == "compiled-in-place":
+        return torch.compile(head._stats), torch.compile(head._grad_logits)
     return head._compiled_kernels()
 
 
