@@ -35,7 +35,9 @@ def test_logits_kernels_smoke_checks_every_variant_against_float64(tmp_path):
     rows = json.loads(out.read_text())["results"]
     measured = [r for r in rows if r["variant"] != "-"]
     assert sorted((r["variant"], r["kernel"]) for r in measured) == sorted(
-        (v, k) for v in ("eager", "compiled-dynamic", "compiled-in-place", "compiled") for k in ("statistics", "gradient")
+        (v, k)
+        for v in ("eager", "compiled-dynamic", "compiled-in-place", "compiled")
+        for k in ("statistics", "gradient")
     )
     # bf16 logits, fp32 statistics: far below bf16's own rounding of the logits (3 * 2**-8 at |z| ~ 3)
     for r in measured:

@@ -19,8 +19,9 @@ the vocabulary-wide elementwise work is a few passes per chunk instead of the do
 
 With ``compiled=True`` the two vocabulary-wide elementwise steps (:func:`_stats`, and
 :func:`_grad_logits` in a compiler-friendly form) go through ``torch.compile``, which fuses each into
-one or two passes over the bf16 logits; in eager mode each is about ten fp32 passes, which on a 150k vocabulary costs more device time than the output
-layer's matmuls (measured on an H100, ``docs/benchmarks.md``).
+one or two passes over the bf16 logits; in eager mode each is about ten fp32 passes, which on a 150k
+vocabulary costs more device time than the output layer's matmuls (measured on an H100,
+``docs/benchmarks.md``).
 
 ``keep_logits`` trades memory for compute: the ``[M, V]`` logits (``M * V * 2`` bytes in bf16; 5 GB for
 16k tokens of a 150k vocabulary) live from forward to backward, and the backward skips one output-layer
@@ -86,8 +87,8 @@ def _grad_logits_functional(
 ) -> torch.Tensor:
     """The same as :func:`_grad_logits`, written for ``torch.compile``: no in-place updates and the
     target's term as a ``where`` instead of a scatter, so the compiler makes one pass that reads the
-    logits and writes the gradient. (Compiled, the in-place form materialises an fp32 ``[c, V]`` buffer
-    and takes 2.9x as long on an H100; eager, this form would hold twice the fp32 ``[c, V]`` temporaries.)"""
+    logits and writes the gradient. Compiled, the in-place form took 2.3x as long on an H100
+    (``benchmarks/logits_kernels.py``); eager, this form would hold twice its fp32 ``[c, V]`` temporaries."""
     z = logits.to(torch.promote_types(logits.dtype, torch.float32))
     if temperature != 1.0:
         z = z / temperature
@@ -105,9 +106,10 @@ def _compiled_kernels():
     """:func:`_stats` and :func:`_grad_logits_functional` through ``torch.compile``, built once.
 
     Shapes are automatic-dynamic (torch's default), not ``dynamic=True``: the chunk length becomes
-    symbolic once a second length is seen, while the vocabulary size stays a constant. A symbolic
-    vocabulary size makes every element's row index a 64-bit division by a runtime value, which slowed
-    these memory-bound kernels 1.35x (statistics) and 2.9x (gradient) on an H100."""
+    symbolic once a second length is seen, while the vocabulary size stays a constant: with a symbolic
+    vocabulary size these memory-bound kernels took 1.3x (statistics) and 1.25x (gradient) as long on an
+    H100 (``benchmarks/logits_kernels.py``; each element's row index is then a division by a runtime value).
+    """
     return torch.compile(_stats), torch.compile(_grad_logits_functional)
 
 

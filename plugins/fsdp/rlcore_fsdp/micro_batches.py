@@ -3,9 +3,8 @@
 Every FSDP forward and backward is collective, so all data-parallel ranks must run the same number of
 micro-batches even when their shards differ in size or length. :func:`plan_micro_batches` splits one
 rank's rows (fixed size, or by token budget into as few micro-batches as fit, with even loads);
-:func:`equalize` then brings every rank to the common
-count by splitting its largest micro-batches, or, when a rank has too few rows, by adding dummy
-micro-batches whose loss is multiplied by zero.
+:func:`equalize` then brings every rank to the common count by splitting its largest micro-batches,
+or, when a rank has too few rows, by adding dummy micro-batches whose loss is multiplied by zero.
 
 :func:`build_inputs` lays a micro-batch out for :class:`rlcore_fsdp.model.HeadedModel`, padded
 (``[b, T']`` plus the attention mask, ``T'`` the columns holding any real token) or packed (the ``N``
