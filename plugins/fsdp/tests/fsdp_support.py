@@ -13,7 +13,10 @@ ENTROPY_COEF = 0.01
 #: one-process float64 engine tightly; ``fp32`` is compared with float32 tolerances.
 VARIANTS = {
     "padded": ({}, {"dtype": "float64"}),
-    "packed": ({"use_remove_padding": True}, {"dtype": "float64", "max_tokens_per_micro_batch": 16}),
+    "packed": (
+        {"use_remove_padding": True, "recompute_logits": False},
+        {"dtype": "float64", "max_tokens_per_micro_batch": 16},
+    ),
     "offload": ({"cpu_offload": True}, {"dtype": "float64"}),
     "reduce-once": (
         {"reduce_grads_once_per_step": True, "reshard_after_forward": False},

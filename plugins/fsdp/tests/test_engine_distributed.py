@@ -1,8 +1,8 @@
 """Two gloo ranks (torch.multiprocessing) against one process: data parallelism changes nothing.
 
-One spawn runs every variant (padded, packed with token-budget micro-batches, CPU offload) and a
-checkpoint round trip on 2 ranks (``fsdp_dist_worker.py``); the reference is the same engine on one
-process with the whole batch, and for log-probs a plain HF model in float64.
+One spawn runs every variant (padded, packed with token-budget micro-batches and kept logits, CPU
+offload) and a checkpoint round trip on 2 ranks (``fsdp_dist_worker.py``); the reference is the same
+engine on one process with the whole batch, and for log-probs a plain HF model in float64.
 """
 
 import socket
