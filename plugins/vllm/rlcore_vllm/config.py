@@ -77,8 +77,10 @@ class VLLMConfig:
     #: crossing a process boundary. False runs it in vLLM's own process (then the script that builds
     #: the engine needs an ``if __name__ == "__main__":`` guard).
     in_process: bool = True
-    #: KV cache size in GiB; null lets vLLM size it from ``rollout.gpu_memory_utilization``. On CPU vLLM
-    #: reads that fraction as a share of host memory, so set a fixed size there.
+    #: KV cache size in GiB. Null: on a GPU vLLM takes ``rollout.gpu_memory_utilization`` of the device;
+    #: on a CPU rlcore sizes it in bytes for ``max_num_seqs`` sequences of ``rollout.max_model_len``
+    #: tokens, capped to half the memory available after the weights (never a fraction of a NUMA node,
+    #: which went negative on some machines).
     kv_cache_memory_gib: float | None = attrs.field(default=None, validator=_kv_cache_gib)
     #: Run the model eagerly (no torch.compile, no CUDA graphs): faster start, slower decoding on GPU.
     enforce_eager: bool = False

@@ -29,6 +29,7 @@ from typing import Any
 import torch
 from rlcore.api import Completion, DevicePlatform, RolloutEngine, RolloutSpec, SamplingParams, WeightBucket
 
+from rlcore_vllm import memory
 from rlcore_vllm.config import VLLMConfig
 from rlcore_vllm.engine_loop import EngineLoop
 from rlcore_vllm.sampling import check_prompts, check_sampling, request_seeds, to_completion, to_vllm
@@ -263,10 +264,32 @@ def _build_llm(spec: RolloutSpec, config: VLLMConfig, sleep_mode: bool):
         worker_extension_cls=EXTENSION,
         **config.engine_kwargs,
     )
-    if config.kv_cache_memory_gib is not None:
-        kwargs["kv_cache_memory_bytes"] = int(config.kv_cache_memory_gib * 2**30)
+    kv_bytes = kv_cache_bytes(spec, config)
+    if kv_bytes is not None:
+        kwargs["kv_cache_memory_bytes"] = kv_bytes
     with _engine_core_env(in_process=config.in_process):
         return vllm.LLM(**kwargs)
+
+
+def kv_cache_bytes(spec: RolloutSpec, config: VLLMConfig) -> int | None:
+    """The KV-cache size to pass vLLM, or None to let it take ``spec.gpu_memory_utilization`` of the
+    device. On CPU vLLM reads that fraction as a share of a NUMA node's total memory, which goes negative
+    on some machines, so there the size is chosen in bytes (:mod:`rlcore_vllm.memory`)."""
+    from vllm.platforms import current_platform
+
+    if config.kv_cache_memory_gib is not None:
+        return int(config.kv_cache_memory_gib * 2**30)
+    if not current_platform.is_cpu():
+        return None
+    size = memory.choose_cpu_kv_cache_bytes(
+        bytes_per_token=memory.kv_bytes_per_token(spec.model_path, spec.dtype),
+        model_bytes=memory.checkpoint_bytes(spec.model_path),
+        max_num_seqs=config.max_num_seqs,
+        max_model_len=spec.max_model_len,
+        reading=memory.read_cpu_memory(),
+    )
+    log.info("vllm rollout: KV cache of %.3f GiB on CPU", size / 2**30)
+    return size
 
 
 @contextlib.contextmanager
