@@ -1,17 +1,18 @@
 """The `rlcore` command line, run as users run it (a subprocess of the installed console script)."""
 
 import json
-import shutil
 import subprocess
+import sys
+from pathlib import Path
 
-import pytest
-
-RLCORE = shutil.which("rlcore")
-pytestmark = pytest.mark.skipif(RLCORE is None, reason="the rlcore console script is not installed")
+#: The console script of the environment running pytest: `make test` does not put `.venv/bin` on PATH,
+#: and a missing script must fail these tests, not skip them.
+RLCORE = Path(sys.executable).with_name("rlcore")
 
 
 def run(*args, env=None):
-    return subprocess.run([RLCORE, *args], capture_output=True, text=True, timeout=120, env=env)
+    assert RLCORE.is_file(), f"the rlcore console script is not installed next to {sys.executable}"
+    return subprocess.run([str(RLCORE), *args], capture_output=True, text=True, timeout=120, env=env)
 
 
 def test_config_prints_merged_config():
