@@ -5,10 +5,10 @@ import torch
 from fsdp_support import batch, full_weights, hf_reference, nll_entropy_loss, spec, train_reference
 from rlcore.api import DistInfo
 from rlcore.devices import get_platform
+from rlcore.testing.numerics import reduction_atol
 from rlcore_fsdp import attention
 from rlcore_fsdp.config import FSDPConfig
 from rlcore_fsdp.engine import FSDPEngine
-from rlcore.testing.numerics import reduction_atol
 from transformers import AutoConfig, AutoModelForCausalLM
 
 TEMPERATURE = 0.7
