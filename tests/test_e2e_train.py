@@ -89,6 +89,15 @@ def test_default_run_learns_the_builtin_task(tmp_path):
     assert str(run_dir / "curves.png") in summary
     assert (run_dir / "curves.png").read_bytes()[:8] == PNG_MAGIC
 
+    # A quiet terminal: the run's own lines only. What engines and libraries printed is in the run's logs.
+    for noise in ("WARNING", "Warning", "Loading weights", "it/s]", "pid=", "Ray instance"):
+        assert noise not in output, f"{noise!r} on the terminal:\n{output[-4000:]}"
+    logs = run_dir / "logs"
+    assert f"engine and library logs: {logs}" in output
+    assert "Started a local Ray instance" in (logs / "driver.log").read_text()
+    assert "Loading weights" in (logs / "actor-0.log").read_text()  # the HF load bar of the actor worker
+    assert (logs / "rollout-0.log").is_file()
+
 
 def test_ppo_with_a_critic_learns_the_builtin_task(tmp_path):
     steps = 20

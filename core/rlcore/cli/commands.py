@@ -32,6 +32,8 @@ def _load(args: Any):
 def cmd_train(args: Any) -> int:
     if args.ray_address:
         args.overrides = [*args.overrides, f"trainer.ray_address={args.ray_address}"]
+    if args.verbose:
+        args.overrides = [*args.overrides, "trainer.log_level=info"]
     config = _load(args)
     from rlcore.plugins import registry
 

@@ -31,6 +31,12 @@ def build_parser() -> argparse.ArgumentParser:
     train.add_argument(
         "--ray-address", help="join this Ray cluster (default: RAY_ADDRESS, else start a local one)"
     )
+    train.add_argument(
+        "--verbose",
+        action="store_true",
+        help="show engine and library output on the terminal (trainer.log_level=info); by default it "
+        "goes to <run dir>/logs/",
+    )
 
     plugins = sub.add_parser("plugins", help="list installed plugins and what they register")
     plugins.add_argument("--json", action="store_true", help="print a JSON list")

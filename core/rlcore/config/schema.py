@@ -279,6 +279,11 @@ class TrainerConfig:
     val_before_train: bool = True
     #: Metric sinks: ``console``, ``jsonl``, ``tensorboard``, ``wandb``, ``mlflow``.
     loggers: list[str] = attrs.Factory(lambda: ["console", "jsonl", "tensorboard"])
+    #: What reaches the terminal besides the run's own progress, step lines and errors. ``quiet``: nothing;
+    #: engine and library output (vLLM, Ray, HF, torch warnings) goes to ``<run dir>/logs/`` (``driver.log``,
+    #: ``<role>-<rank>.log``). ``warning``, ``info``, ``debug``: that output streams to the terminal as
+    #: before, Python loggers at that level (``rlcore train --verbose`` is ``info``).
+    log_level: str = attrs.field(default="quiet", validator=_one_of("quiet", "warning", "info", "debug"))
 
 
 @attrs.define(kw_only=True)

@@ -17,6 +17,7 @@ import os
 import re
 import time
 from collections.abc import Callable, Sequence
+from pathlib import Path
 from typing import Any
 
 from rlcore.api import Batch, DistInfo, EngineSpec, RolloutSpec
@@ -26,6 +27,7 @@ from rlcore.controller.group import Pending, Topology, shards
 from rlcore.controller.placement import BUNDLE_INDICES_ENV, PoolSlot, ResourcePool, cluster_resource
 from rlcore.controller.wire import from_wire, to_wire
 from rlcore.controller.workers import RolloutWorker, TrainWorker, WorkerInfo, free_port, where_am_i
+from rlcore.terminal import LOG_DIR_ENV, redirect_output, worker_log_name
 
 #: Seconds the other ranks get to finish after one rank's method raised, before the group is presumed
 #: stuck in a collective with the failed rank and stopped.
@@ -41,6 +43,9 @@ class _RayHost:
 
     def __init__(self, role: str, rank: int):
         self.role, self.rank, self.worker = role, rank, None
+        log_dir = os.environ.get(LOG_DIR_ENV)
+        if log_dir:  # a quiet run: this worker's whole output goes to the run's logs folder
+            redirect_output(Path(log_dir) / worker_log_name(role, rank))
 
     def __repr__(self) -> str:  # Ray prefixes the worker's output lines with this
         return f"{self.role}:{self.rank}"

@@ -140,13 +140,21 @@ def prepare_run(config: Any) -> tuple[Any, Path, str]:
 
 # -- the run ---------------------------------------------------------------------------------------
 def run_training(config: Any, *, console: Any = None) -> RunResult:
-    """Train as ``config`` says; print a summary; never raise for a failed run (see :class:`RunResult`)."""
+    """Train as ``config`` says; print a summary; never raise for a failed run (see :class:`RunResult`).
+
+    With ``trainer.log_level: quiet`` the run's own lines go to ``console`` (default: the terminal) and
+    all other output of this process and the workers to ``<run dir>/logs/`` (:mod:`rlcore.terminal`)."""
+    with contextlib.ExitStack() as stack:
+        return _run(config, console, stack)
+
+
+def _run(config: Any, console: Any, stack: contextlib.ExitStack) -> RunResult:
     from rich.console import Console
 
     from rlcore.controller import checkpoint as ckpt
     from rlcore.controller.trainer import Trainer
+    from rlcore.terminal import LOGS_DIR, run_output
 
-    console = console or Console()
     began = time.perf_counter()
     stop_ray = _ray_started_by_us(config)
     trainer = None
@@ -154,7 +162,11 @@ def run_training(config: Any, *, console: Any = None) -> RunResult:
     result = RunResult(ok=False)
     try:
         config, result.run_dir, text = prepare_run(config)
+        terminal = stack.enter_context(run_output(result.run_dir, config.trainer.log_level))
+        console = console or Console(file=terminal)  # file=None: the terminal, when not quiet
         console.print(f"[bold]rlcore[/bold] {config.algorithm.name} run in {result.run_dir}", highlight=False)
+        if terminal is not None:
+            console.print(f"engine and library logs: {result.run_dir / LOGS_DIR}", highlight=False)
         trainer = Trainer(config, result.run_dir, console=console, config_yaml=text)
         if trainer.resumed_from is not None:
             console.print(f"resumed from {trainer.resumed_from} at step {trainer.step}", highlight=False)
@@ -163,6 +175,7 @@ def run_training(config: Any, *, console: Any = None) -> RunResult:
     except (Exception, KeyboardInterrupt) as exc:
         failure = exc
     finally:
+        console = console or Console()
         if trainer is not None:
             result.history = list(trainer.history)
             result.steps = max((int(r["step"]) for r in result.history), default=0)

@@ -110,7 +110,8 @@ def build_roles(config: Any, train_roles: Sequence[str], on_built: Callable[[Any
         from rlcore.controller.cluster import start_ray
         from rlcore.controller.placement import placement_from_config
 
-        start_ray(config.trainer.ray_address)
+        # Quiet runs keep workers' output in their log files (rlcore.terminal), not on the terminal.
+        start_ray(config.trainer.ray_address, log_to_driver=config.trainer.log_level != "quiet")
         placement = placement_from_config(config, [*train_roles, "rollout"])
         placement.create()
         on_built(placement)

@@ -11,6 +11,7 @@ import json
 import os
 import random
 from pathlib import Path
+from typing import Any
 
 CHAT_TEMPLATE = (
     "{% for message in messages %}"
@@ -120,7 +121,21 @@ def build_tiny_model(
     model = Qwen2ForCausalLM(config)
     model.generation_config.eos_token_id = tokenizer.eos_token_id
     model.generation_config.pad_token_id = tokenizer.pad_token_id
-    model.save_pretrained(str(path))
+    _save_quietly(model, path)
     # Written last: its presence means the folder is complete.
     marker.write_text(json.dumps(settings))
     return path
+
+
+def _save_quietly(model: Any, path: Path) -> None:
+    """``save_pretrained`` without its "Writing model shards" bar: the built-in model is built before a
+    run's output is routed to its log files, on the terminal a user watches."""
+    from transformers.utils import logging as hf_logging
+
+    shown = hf_logging.is_progress_bar_enabled()
+    hf_logging.disable_progress_bar()
+    try:
+        model.save_pretrained(str(path))
+    finally:
+        if shown:
+            hf_logging.enable_progress_bar()

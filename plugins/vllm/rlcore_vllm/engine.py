@@ -43,6 +43,29 @@ os.environ.setdefault("VLLM_LOGGING_LEVEL", "WARNING")
 
 log = logging.getLogger(__name__)
 
+#: The logger of vLLM's in-place weight reload.
+RELOAD_LOGGER = "vllm.model_executor.model_loader.reload.layerwise"
+
+
+class RotaryCacheNotLoaded(logging.Filter):
+    """Drops vLLM's "RotaryEmbedding: Failed to load weights" warning, which every in-place reload logs.
+
+    vLLM's reload counts the rotary layer's ``cos_sin_cache`` buffer as loadable, but that cache is
+    computed from the config and no Hugging Face checkpoint holds it, so after each load vLLM puts the
+    layer's old cache back and warns. The cache never changes in training, so nothing is lost: the
+    post-sync check (trainer vs rollout log-probs after every load) and this plugin's weight-sync tests
+    against a float64 reference pass with it. The same warning for any other layer still shows.
+    """
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        rotary = record.msg == "%s: Failed to load weights" and str(record.args[0]).endswith(
+            "RotaryEmbedding"
+        )
+        return not rotary
+
+
+logging.getLogger(RELOAD_LOGGER).addFilter(RotaryCacheNotLoaded())
+
 RELEASE_TAGS = ("weights", "kv_cache")
 _DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 

@@ -301,3 +301,38 @@ def test_release_and_resume_by_tag(engine):
     finally:
         engine.resume(["weights", "kv_cache"])
     assert engine.generate([[5, 6, 7]], params)[0][0].token_ids == before[0][0].token_ids
+
+
+def test_rotary_reload_warning_is_vllms_own_and_the_only_one_dropped(engine, trained, checkpoint_weights):
+    """Every in-place load makes vLLM warn "RotaryEmbedding: Failed to load weights" (its rope cache is
+    not in any checkpoint). The plugin's filter drops exactly that record; loaded weights still match the
+    float64 reference (test_pushed_weights_match_the_trainer), and other layers' warnings pass."""
+    import logging
+
+    from rlcore_vllm.engine import RELOAD_LOGGER, RotaryCacheNotLoaded
+
+    logger = logging.getLogger(RELOAD_LOGGER)
+    seen: list[logging.LogRecord] = []
+    handler = logging.Handler()
+    handler.emit = seen.append
+    logger.addHandler(handler)
+    (ours,) = [f for f in logger.filters if isinstance(f, RotaryCacheNotLoaded)]
+    model, _ = trained
+    try:
+        logger.removeFilter(ours)  # vLLM on its own: the warning comes from the reload of a real load
+        push(engine, model)
+        unfiltered = [r.getMessage() for r in seen]
+        seen.clear()
+        logger.addFilter(ours)
+        push(engine, model)
+        assert "RotaryEmbedding: Failed to load weights" in unfiltered
+        assert not [r for r in seen if "Failed to load weights" in r.getMessage()]
+        other = logger.makeRecord(
+            RELOAD_LOGGER, logging.WARNING, "", 0, "%s: Failed to load weights", ("QKVParallelLinear",), None
+        )
+        assert ours.filter(other)
+    finally:
+        if ours not in logger.filters:
+            logger.addFilter(ours)
+        logger.removeHandler(handler)
+        engine.load_weights(bucketize(checkpoint_weights, 1 << 20))
