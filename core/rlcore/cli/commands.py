@@ -53,23 +53,11 @@ def cmd_plugins(args: Any) -> int:
     if args.json:
         print(json.dumps([attrs.asdict(info) for info in infos], indent=2))
         return 0
-    from rich.console import Console
-    from rich.table import Table
+    import shutil
 
-    table = Table(title="rlcore plugins")
-    for column in ("name", "distribution", "version", "status", "registers"):
-        table.add_column(column)
-    for info in infos:
-        registers = "; ".join(f"{k}: {', '.join(v)}" for k, v in info.registers.items())
-        status = info.status if info.status == "loaded" else f"[red]{info.status}[/red]"
-        table.add_row(info.name, info.distribution or "", info.version or "", status, registers)
-    console = Console()
-    console.print(table)
-    for info in infos:
-        if info.error and info.status == "failed":
-            console.print(
-                f"[red]{info.name}[/red] failed to load:\n{info.error}", markup=False, highlight=False
-            )
+    from rlcore.cli.listing import format_plugins
+
+    print(format_plugins(infos, width=shutil.get_terminal_size().columns))
     return 0
 
 
