@@ -98,9 +98,23 @@ class Registry(Generic[T]):
     def _unknown_message(self, name: str) -> str:
         known = sorted(self._entries)
         lines = [f"unknown {self.kind} {name!r}. Installed: {', '.join(known) if known else '(none)'}."]
-        close = difflib.get_close_matches(name, known, n=1)
+        close = self.closest(name)
         if close:
-            lines.append(f"Did you mean {close[0]!r}?")
+            lines.append(f"Did you mean {close!r}?")
+        lines.extend(self.missing_advice(name, close))
+        return "\n".join(lines)
+
+    def closest(self, name: str) -> str | None:
+        """The registered name most like ``name`` (likely what a typo meant), or ``None``."""
+        close = difflib.get_close_matches(name, sorted(self._entries), n=1)
+        return close[0] if close else None
+
+    def missing_advice(self, name: str, close: str | None) -> list[str]:
+        """Lines saying why ``name`` may be missing and what to do (``close``: the suggested name, if any).
+
+        Also used by config validation (:mod:`rlcore.config.names`), which words the first line itself.
+        """
+        lines = []
         # A failed plugin named like the component is the answer; otherwise any failure may be.
         related = {p: e for p, e in self.failed_plugins.items() if name in p or p in name}
         quoted = related or ({} if close else self.failed_plugins)
@@ -111,7 +125,7 @@ class Registry(Generic[T]):
             lines.append("`rlcore plugins` shows the full traceback of each failed plugin.")
         if self.install_hint and not close and not related:
             lines.append("If it is published as a plugin, install it: " + self.install_hint.format(name=name))
-        return "\n".join(lines)
+        return lines
 
     def names(self) -> list[str]:
         return sorted(self._entries)

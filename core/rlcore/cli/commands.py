@@ -35,14 +35,14 @@ def cmd_train(args: Any) -> int:
     if args.verbose:
         args.overrides = [*args.overrides, "trainer.log_level=info"]
     config = _load(args)
-    from rlcore.plugins import registry
-
-    try:
-        registry("train_engines").get(config.engine)
-        registry("rollout_engines").get(config.rollout.engine)
-    except RegistryError as exc:
-        raise UserError(str(exc)) from None
+    from rlcore.controller.preflight import check_run
     from rlcore.controller.run import run_training
+
+    # Everything checkable without starting engines fails here, before the run directory exists.
+    try:
+        check_run(config)
+    except ConfigError as exc:
+        raise UserError(str(exc)) from None
 
     result = run_training(config)
     return 0 if result.ok else 1

@@ -18,6 +18,7 @@ import yaml
 from omegaconf import OmegaConf
 from omegaconf.errors import OmegaConfBaseException
 
+from rlcore.config.names import NAMED_KEYS, check_names, name_error
 from rlcore.config.schema import FieldValueError, RLConfig
 from rlcore.plugins import registry
 from rlcore.tasks import with_task_recipe
@@ -25,6 +26,14 @@ from rlcore.tasks import with_task_recipe
 
 class ConfigError(ValueError):
     """The config is invalid; the message names every offending key path and what is allowed."""
+
+
+def invalid_config(errors: Sequence[str]) -> ConfigError:
+    """The error for ``errors`` (one message per key): a single one on the first line, where a terminal
+    shows it first; several as a list."""
+    if len(errors) == 1:
+        return ConfigError(f"invalid config: {errors[0]}")
+    return ConfigError("invalid config:\n  " + "\n  ".join(errors))
 
 
 # -- strict structuring -----------------------------------------------------------------------------
@@ -173,11 +182,14 @@ def load_config(
     raw = with_task_recipe(merge_sources(config_file, overrides, engine, rollout))
     engine_name = raw.get("engine", RLConfig().engine)
     rollout_name = resolve_rollout((raw.get("rollout") or {}).get("engine", "auto"))
-    # Engine names are validated by the registries, whose errors list what is installed.
-    sections = plugin_sections(engine_name, rollout_name)
+    engines = {"engine": engine_name, "rollout.engine": rollout_name}
+    # Checked first: the selected engines decide which plugin sections exist. An unknown engine has no
+    # section; its error is reported with the unknown keys, and a value of the wrong type by the type check.
+    errors = [e for key, value in engines.items() if (e := name_error(key, value)) is not None]
+    selectable = not errors and all(isinstance(v, str) for v in engines.values())
+    sections = plugin_sections(engine_name, rollout_name) if selectable else {}
     installed = _all_sections()
 
-    errors: list[str] = []
     core_keys = [f.name for f in attrs.fields(RLConfig) if f.name != "plugins"]
     plugin_data: dict[str, Any] = {}
     core_data: dict[str, Any] = {}
@@ -193,7 +205,7 @@ def load_config(
         cls = sections.get(name) or installed[name][1]
         _unknown_keys(value, cls, name, errors)
     if errors:
-        raise ConfigError("invalid config:\n  " + "\n  ".join(errors))
+        raise invalid_config(errors)
 
     core_data["rollout"] = {**core_data.get("rollout", {}), "engine": rollout_name}
     config = _structure(core_data, RLConfig, "")
@@ -202,6 +214,10 @@ def load_config(
     for name, value in plugin_data.items():
         if name not in sections:  # an installed but unselected plugin's section: still type-checked
             config.plugins[name] = _structure(value, installed[name][1], name)
+    # The other component names, once their values are known to be strings (or None).
+    errors = check_names(config, tuple(key for key in NAMED_KEYS if key not in engines))
+    if errors:
+        raise invalid_config(errors)
     return config
 
 
@@ -214,7 +230,7 @@ def _structure(data: Any, cls: type, path: str) -> Any:
         return CONVERTER.structure(data, cls)
     except Exception as exc:
         lines = [_rewrite(line, path) for line in cattrs.transform_error(exc, "$", _describe)]
-        raise ConfigError("invalid config:\n  " + "\n  ".join(lines)) from None
+        raise invalid_config(lines) from None
 
 
 def _describe(exc: BaseException, _type: Any) -> str:

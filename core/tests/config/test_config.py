@@ -102,9 +102,7 @@ def test_single_path_is_a_list_of_one():
 
 
 def test_unknown_engine_lists_installed_ones():
-    from rlcore.registry import RegistryError
-
-    with pytest.raises(RegistryError, match=r"unknown train engine 'nosuch'. Installed: .*fsdp"):
+    with pytest.raises(ConfigError, match=r"'engine': unknown train engine 'nosuch'. Installed: .*fsdp"):
         load_config(engine="nosuch")
 
 
@@ -120,3 +118,133 @@ def test_unparsable_override_is_a_config_error():
         ConfigError, match=r"override 'data.train_files=\[\$\{oc.env:HOME\}/x\]' could not be applied"
     ):
         load_config(overrides=["data.train_files=[${oc.env:HOME}/x]"])
+
+
+# -- names of registered components -------------------------------------------------------------
+#: override -> what the one-line error must say: key path, bad value, an installed name, the suggestion.
+BAD_NAMES = {
+    "engine=fsdpp": "'engine': unknown train engine 'fsdpp'. Installed: fake, fsdp",
+    "rollout.engine=hff": "'rollout.engine': unknown rollout engine 'hff'. Installed: fake, hf",
+    "algorithm.name=grpx": "'algorithm.name': unknown algorithm 'grpx'. Installed: dapo, grpo",
+    "algorithm.adv_estimator=gaee": "'algorithm.adv_estimator': unknown advantage estimator 'gaee'. Installed: gae",
+    "algorithm.policy_loss=vanila": "'algorithm.policy_loss': unknown policy loss 'vanila'. Installed: cispo",
+    "reward.provider=rules": "'reward.provider': unknown reward provider 'rules'. Installed: rule",
+    "transport.name=rayy": "'transport.name': unknown weight transport 'rayy'. Installed: broadcast",
+    "trainer.device=cpuu": "'trainer.device': unknown device platform 'cpuu'. Installed: cpu",
+}
+SUGGESTED = {
+    "engine": "fsdp",
+    "rollout.engine": "hf",
+    "algorithm.name": "grpo",
+    "algorithm.adv_estimator": "gae",
+    "algorithm.policy_loss": "vanilla",
+    "reward.provider": "rule",
+    "transport.name": "ray",
+    "trainer.device": "cpu",
+}
+
+
+@pytest.mark.parametrize("override", sorted(BAD_NAMES))
+def test_unknown_component_name_names_key_value_installed_and_closest(override):
+    key = override.partition("=")[0]
+    with pytest.raises(ConfigError) as err:
+        load_config(overrides=[override])
+    first = str(err.value).splitlines()[0]  # one error: on the first line, which a terminal shows first
+    assert first.startswith(f"invalid config: {BAD_NAMES[override]}")
+    assert first.endswith(f"Did you mean {SUGGESTED[key]!r}?")
+
+
+def test_auto_is_allowed_where_the_run_resolves_it():
+    with pytest.raises(
+        ConfigError, match=r"'transport.name': .*Installed: broadcast, inprocess, ray; or auto"
+    ):
+        load_config(overrides=["transport.name=nope"])
+    config = load_config(overrides=["transport.name=auto", "trainer.device=auto", "rollout.engine=auto"])
+    assert (config.transport.name, config.trainer.device) == ("auto", "auto")
+
+
+def test_several_bad_names_are_reported_together():
+    with pytest.raises(ConfigError) as err:
+        load_config(overrides=["algorithm.name=nope", "reward.provider=nope", "trainer.device=nope"])
+    lines = str(err.value).splitlines()
+    assert lines[0] == "invalid config:"
+    keys = [line.split("'")[1] for line in lines[1:] if line.startswith("  '")]
+    assert keys == ["algorithm.name", "reward.provider", "trainer.device"]
+    # A device platform may come from a plugin: the advice follows its line, indented under it.
+    assert lines[-1] == "    If it is published as a plugin, install it: pip install rlcore-nope"
+
+
+def test_defaults_and_every_registered_name_pass():
+    from rlcore.plugins import registry
+
+    config = load_config()
+    assert (config.algorithm.name, config.algorithm.adv_estimator, config.reward.provider) == (
+        "grpo",
+        None,
+        "rule",
+    )
+    for key, registry_key in (
+        ("algorithm.name", "algorithms"),
+        ("algorithm.adv_estimator", "advantage_estimators"),
+        ("algorithm.policy_loss", "policy_losses"),
+        ("transport.name", "weight_transports"),
+        ("trainer.device", "device_platforms"),
+    ):
+        for name in registry(registry_key).names():
+            load_config(overrides=[f"{key}={name}"])
+
+
+def test_a_name_registered_in_the_runs_registry_is_accepted():
+    from rlcore.algorithms import register_advantage_estimator
+    from rlcore.plugins import registry
+
+    with pytest.raises(ConfigError, match="'my_estimator'"):
+        load_config(overrides=["algorithm.adv_estimator=my_estimator"])
+    register_advantage_estimator("my_estimator")(lambda token_level_rewards, response_mask: None)
+    try:
+        assert (
+            load_config(overrides=["algorithm.adv_estimator=my_estimator"]).algorithm.adv_estimator
+            == "my_estimator"
+        )
+    finally:
+        registry("advantage_estimators").remove_plugin(f"{__name__} (decorator)")
+
+
+def test_wrong_type_for_a_name_is_a_type_error_not_a_lookup():
+    with pytest.raises(ConfigError, match=r"'algorithm.name': expected str, got int 5"):
+        load_config(overrides=["algorithm.name=5"])
+
+
+# -- what `rlcore train` checks before it makes the run directory ---------------------------------
+def test_check_run_passes_the_defaults_and_a_ppo_run():
+    from rlcore.controller.preflight import check_run
+
+    check_run(load_config())
+    check_run(load_config(overrides=["algorithm.name=ppo", "transport.name=broadcast", "trainer.device=cpu"]))
+
+
+def test_check_run_names_every_problem_it_finds(tmp_path):
+    from rlcore.controller.preflight import check_run
+
+    config = load_config(
+        overrides=[
+            f"data.train_files=[{tmp_path / 'missing.jsonl'}]",
+            "data.val_files=[builtin:copy_word/tset.jsonl]",
+            "algorithm.adv_estimator=gae",  # needs a critic, which grpo has not
+            "trainer.loggers=[console,jsnol]",
+            f"model.path={tmp_path / 'no-model'}",
+            f"reward.custom_function_path={tmp_path}",
+        ]
+    )
+    with pytest.raises(ConfigError) as err:
+        check_run(config)
+    message = str(err.value)
+    for expected in (
+        "'algorithm': preset 'grpo': estimator 'gae' needs a critic",
+        "'trainer.loggers': unknown logger(s) ['jsnol']",
+        "'model.path': model folder",
+        f"'data.train_files[0]': '{tmp_path / 'missing.jsonl'}' does not exist",
+        "'data.val_files[0]': 'builtin:copy_word/tset.jsonl': task 'copy_word' has no split 'tset'",
+        f"'reward.custom_function_path': '{tmp_path}' is a directory, not a file",
+    ):
+        assert expected in message
