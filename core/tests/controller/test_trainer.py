@@ -101,7 +101,8 @@ def test_a_resumed_run_reproduces_the_uninterrupted_one(tmp_path, tiny_model_pat
         "actor",
         "config.yaml",
         "critic",
-        "trainer_state.pt",
+        "trainer_state.json",
+        "trainer_state.safetensors",
     ]
 
 

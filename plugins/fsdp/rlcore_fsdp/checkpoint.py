@@ -2,6 +2,9 @@
 
 Both are written into a sibling temporary folder and renamed into place only when complete, so a crash
 mid-write never leaves a half-written checkpoint under the final name (a resume would load it).
+
+A checkpoint is loaded as data only: DCP's own reader unpickles the folder's index and every non-tensor
+value, so a checkpoint someone hands you could run code; :mod:`rlcore.safe_dcp` reads both without that.
 """
 
 from __future__ import annotations
@@ -14,6 +17,7 @@ from pathlib import Path
 import torch
 import torch.distributed as dist
 import torch.distributed.checkpoint as dcp
+from rlcore.safe_dcp import SafeFileSystemReader, SafeLoadPlanner, check_folder
 
 #: Files copied from the model folder into an exported HF folder (tokenizer and generation defaults).
 TOKENIZER_FILES = (
@@ -92,7 +96,10 @@ def load_sharded(state: dict, path: str) -> dict:
         raise FileNotFoundError(
             f"no checkpoint at {path!r} (no .metadata file); pass a folder written by save_checkpoint"
         )
-    dcp.load(state, checkpoint_id=str(path))
+    # Checked first so that a tampered file fails with its own name and what to do (inside dcp.load the
+    # error would be buried in a per-rank report); the safe reader and planner then read it as data too.
+    check_folder(path)
+    dcp.load(state, storage_reader=SafeFileSystemReader(path), planner=SafeLoadPlanner())
     return (
         json.loads((Path(path) / METADATA_FILE).read_text()) if (Path(path) / METADATA_FILE).is_file() else {}
     )

@@ -3,6 +3,10 @@
 Every rank writes its own shards in parallel. The distributed optimizer's state is saved in the
 ``dp_reshardable`` layout, so a checkpoint loads back with the same tensor/pipeline sizes and any
 data-parallel size. Plain values (LR schedule, step counter) go into the common part.
+
+A checkpoint is checked before megatron-core reads it: its DCP reader unpickles the index and every
+non-tensor value, so a checkpoint someone hands you could run code. :func:`check_safe` reads those and the
+common part (``common.pt``) as data only first, and refuses anything else.
 """
 
 from __future__ import annotations
@@ -12,6 +16,7 @@ from pathlib import Path
 import torch
 import torch.distributed as dist
 from megatron.core import dist_checkpointing
+from rlcore.safe_dcp import check_folder, load_value
 
 _OPTIMIZER_FORMAT = {"distrib_optim_sharding_type": "dp_reshardable"}
 
@@ -85,6 +90,18 @@ def save(path: str | Path, model, optimizer, common: dict) -> None:
     dist.barrier()
 
 
+def check_safe(target: Path) -> None:
+    """Refuse (``rlcore.safe_dcp.UnsafeCheckpointError``, naming the file) a ``dist`` folder whose pickles
+    would call anything but plain-data constructors. megatron-core's own reader then loads the same files:
+    the DCP index and byte items with ``pickle`` / ``torch.load(weights_only=False)``, ``common.pt`` with
+    torch's default (weights-only unless ``TORCH_FORCE_NO_WEIGHTS_ONLY_LOAD`` is set), so they are
+    checked here whatever the environment says."""
+    check_folder(target)
+    for file in sorted(target.rglob("*.pt")):  # common.pt, and object shards where a format has them
+        with open(file, "rb") as data:
+            load_value(data, str(file))
+
+
 def load(path: str | Path, model, optimizer) -> dict:
     """Restore what :func:`save` wrote into ``model`` and ``optimizer``; return ``common`` (collective)."""
     target = Path(path) / "dist"
@@ -92,6 +109,7 @@ def load(path: str | Path, model, optimizer) -> dict:
         raise FileNotFoundError(
             f"no Megatron checkpoint at {target} (written by MegatronEngine.save_checkpoint)"
         )
+    check_safe(target)
     if optimizer is not None:
         _materialise_torch_adam_state(optimizer)
     state = _sharded_state(model, optimizer, loading=True)

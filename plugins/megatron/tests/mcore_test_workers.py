@@ -92,6 +92,7 @@ def world1(rank, world, port, qwen, llama, batches, work_dir):
     r["metrics2_reloaded"] = fresh.train_step(b2, nll_loss)
     r["export2_reloaded"] = _export(fresh)
     fresh.export_hf(str(work / "hf_export"))
+    r["planted"] = _load_planted_checkpoints(fresh, work / "ckpt")
     del eng, fresh
 
     recompute = _engine(
@@ -130,6 +131,42 @@ def world1(rank, world, port, qwen, llama, batches, work_dir):
     r["llama_export"] = _export(ref)
     r["llama_infer"] = _infer(ref, lb, ("log_probs", "entropy"))
     _save(r, work, "world1", rank)
+
+
+class _Planted:
+    """Unpickling this creates ``marker``: a stand-in for a payload that runs arbitrary code."""
+
+    def __init__(self, marker) -> None:
+        self.marker = str(marker)
+
+    def __reduce__(self):
+        return (open, (self.marker, "w"))
+
+
+def _load_planted_checkpoints(engine, checkpoint: Path) -> dict:
+    """Load copies of ``checkpoint`` with a pickle planted in the DCP index and in the common part:
+    per file, the error the load raised (None if it loaded) and whether the payload ran."""
+    import pickle
+    import shutil
+
+    import torch
+
+    out = {}
+    for name in (".metadata", "common.pt"):
+        copy = checkpoint.with_name(f"planted{name.replace('.', '_')}")
+        shutil.copytree(checkpoint, copy)
+        marker = copy / "payload_ran"
+        if name == "common.pt":
+            torch.save({"common": _Planted(marker)}, copy / "dist" / name)
+        else:
+            (copy / "dist" / name).write_bytes(pickle.dumps(_Planted(marker)))
+        try:
+            engine.load_checkpoint(str(copy))
+            error = None
+        except Exception as exc:
+            error = f"{type(exc).__name__}: {exc}"
+        out[name] = {"error": error, "ran": marker.exists(), "file": str(copy / "dist" / name)}
+    return out
 
 
 def world2(rank, world, port, qwen, llama, batches, work_dir):

@@ -93,6 +93,16 @@ def test_checkpoint_resumes_optimizer_and_schedule_exactly(run):
     assert_same_weights(results["export2_reloaded"], results["export2"])
 
 
+def test_a_checkpoint_with_a_planted_pickle_is_refused_and_never_run(run):
+    results, _, _ = run
+    assert set(results["planted"]) == {".metadata", "common.pt"}
+    for name, got in results["planted"].items():
+        assert (got["error"] or "").startswith(f"UnsafeCheckpointError: refusing to load {got['file']}:"), (
+            name
+        )
+        assert not got["ran"], name
+
+
 def test_export_hf_writes_a_folder_transformers_loads(run):
     results, _, work = run
     exported = hf_model(work / "hf_export")
