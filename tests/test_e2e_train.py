@@ -126,8 +126,10 @@ def test_ppo_with_a_critic_learns_the_builtin_task(tmp_path):
 
 
 def test_one_step_at_64_prompts_x_8_samples(tmp_path):
-    """The batch size at which the default rollout crashed on CPU (issue 19: 512 seeded requests, whose
-    prompts vLLM split over engine steps): one full GRPO step runs."""
+    """The batch size of issue 19's crash report (64 prompts x 8 seeded samples): one full GRPO step runs
+    through ``rlcore train``. The crash itself (vLLM-CPU rewinding a seeded generator after a chunked
+    prefill) is reproduced and pinned at the engine level by plugins/vllm's
+    ``test_seeded_batch_too_large_for_one_prefill_step``, which fails with chunked prefill switched on."""
     _, run_dir = rlcore_train(
         tmp_path,
         "large",
