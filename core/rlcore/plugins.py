@@ -10,6 +10,11 @@ Environment variables control autoloading of entry-point plugins (built-ins alwa
 A plugin that fails to import, declares another plugin API version, or raises inside a hook is recorded
 with its real exception and the others still load; a lookup that misses quotes those failures. Every
 process (the driver and each Ray worker) loads plugins on first use of :func:`registry`.
+
+A plugin that loads but cannot work on this machine (its engine library is absent, say) may define
+``plugin_status() -> str | None`` in its entry-point module: ``None`` when ready, else one line saying
+what is missing and what to do, which ``rlcore plugins`` shows as the plugin's ``note``. It must stay
+cheap (no engine import); an exception in it becomes the note.
 """
 
 from __future__ import annotations
@@ -69,6 +74,8 @@ class PluginInfo:
     status: str  # "loaded" | "failed" | "blocked" | "not selected"
     error: str | None = None
     builtin: bool = False
+    #: What a loaded plugin's ``plugin_status()`` said is missing on this machine (``None``: ready).
+    note: str | None = None
     #: registry key -> names this plugin registered
     registers: dict[str, list[str]] = attrs.field(factory=dict)
 
@@ -134,6 +141,8 @@ class PluginManager:
                 _check_hook_names(self.pm, ep.name, dist)
             except Exception as exc:
                 self._fail(info, exc)
+                continue
+            info.note = _status_note(module)
 
     def _fail(self, info: PluginInfo, exc: BaseException) -> None:
         """Record ``exc`` for ``info`` and take back everything the plugin registered."""
@@ -176,6 +185,18 @@ def _one_line(exc: BaseException) -> str:
     if frames and not isinstance(exc, PluginError):
         text += f" ({frames[-1].filename}, line {frames[-1].lineno})"
     return text
+
+
+def _status_note(module: Any) -> str | None:
+    """The plugin's own ``plugin_status()`` (see the module docstring), or ``None`` if it has none."""
+    status = getattr(module, "plugin_status", None)
+    if not callable(status):
+        return None
+    try:
+        note = status()
+    except Exception as exc:
+        return f"plugin_status() raised {type(exc).__name__}: {exc}"
+    return str(note) if note else None
 
 
 def _check_hook_names(pm: pluggy.PluginManager, name: str, dist: str | None) -> None:

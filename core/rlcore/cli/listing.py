@@ -5,6 +5,9 @@ each plugin gets a heading line and one indented line per kind of component:
 
     fsdp (rlcore-fsdp 0.1.0): loaded
       train engines          fsdp
+
+A plugin that loaded but cannot work here (``plugin_status()``, see :mod:`rlcore.plugins`) gets a
+``note`` line saying what is missing.
 """
 
 from __future__ import annotations
@@ -34,6 +37,13 @@ def format_plugins(infos: Iterable[PluginInfo], width: int = 80) -> str:
                     initial_indent=label,
                     subsequent_indent=" " * len(label),
                     break_on_hyphens=False,
+                )
+            )
+        if info.note:
+            label = f"  {'note':<{KIND_WIDTH}} "
+            lines.extend(
+                textwrap.wrap(
+                    info.note, width=max(width, 40), initial_indent=label, subsequent_indent=" " * len(label)
                 )
             )
         if info.error and info.status == "failed":
