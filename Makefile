@@ -6,7 +6,7 @@ PY := $(VENV)/bin/python
 # --no-compile: byte-compiling ~3.7 GB of packages is a third of the install; imports compile lazily.
 PIP := $(PY) -m pip install -q --no-compile -c constraints-cpu.txt
 STAMP := $(VENV)/.rlcore-setup
-PACKAGES := -e core -e plugins/fsdp -e 'plugins/vllm[cpu]' -e plugins/megatron
+PACKAGES := -e core -e plugins/fsdp -e 'plugins/vllm[cpu]' -e plugins/megatron -e plugins/sglang
 DEV := pytest pytest-benchmark pytest-timeout ruff tensorboard
 
 .PHONY: setup demo test lint

@@ -1,0 +1,356 @@
+"""The SGLang rollout engine: :class:`rlcore.api.RolloutEngine` on ``sglang.Engine`` (in this process).
+
+``sglang.Engine`` runs its tokenizer manager in this process and its scheduler (the model, one process
+per tensor-parallel rank) in spawned processes. Everything here talks to the tokenizer manager's
+coroutines on one event loop (:mod:`rlcore_sglang.engine_loop`): requests go through a gate, and weight
+loads and memory releases run while the gate is closed. Settings that keep rollout log-probs equal to a
+trainer's:
+
+- ``dtype`` is the rollout spec's (the trainer's);
+- log-probs are SGLang's processed ones, ``log_softmax(logits / temperature)``
+  (``sglang.logprobs_mode``), and the checkpoint's generation config never changes sampling
+  (``sampling_defaults="openai"``);
+- weights are checked against the served model before SGLang sees them, a tied tensor is sent under
+  the name SGLang loads it by, and the radix (prefix) cache is flushed after every load (else prompts
+  seen before the load reuse KV computed with the old weights).
+
+SGLang's own ``Engine.shutdown`` ends every child process of this process, not only its own: run one
+engine per process (a Ray rollout worker is one), or shut it down last.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import importlib.util
+import itertools
+import logging
+import os
+import uuid
+from collections.abc import Iterable, Iterator, Sequence
+from typing import Any
+
+import torch
+from rlcore.api import Completion, DevicePlatform, RolloutEngine, RolloutSpec, SamplingParams, WeightBucket
+
+from rlcore_sglang.config import SGLangConfig
+from rlcore_sglang.engine_loop import EngineLoop
+from rlcore_sglang.memory import RELEASE_TAGS, MemoryTags
+from rlcore_sglang.plugin import INSTALL_HINT
+from rlcore_sglang.sampling import check_prompts, check_sampling, request_seeds, to_completion, to_sglang
+from rlcore_sglang.weight_stream import ModelWeights, PackedBucket, WeightStreamError, checked_tensors, pack
+
+log = logging.getLogger(__name__)
+
+_DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
+#: SGLang's switch for ``raw_logprobs``, read by its sampler module when the scheduler process imports it.
+RAW_LOGPROB_ENV = "SGLANG_RETURN_ORIGINAL_LOGPROB"
+
+
+def import_sglang():
+    """``sglang``, or an error saying how to get it (SGLang has no CPU build)."""
+    if importlib.util.find_spec("sglang") is None:
+        raise ImportError(f"rollout engine 'sglang' (plugin rlcore-sglang): {INSTALL_HINT}")
+    import sglang
+
+    return sglang
+
+
+def engine_args(spec: RolloutSpec, config: SGLangConfig) -> dict[str, Any]:
+    """The ``sglang.Engine`` arguments for ``spec`` and ``config`` (``engine_kwargs`` last; it cannot
+    name these keys, :data:`rlcore_sglang.config.OWNED_ENGINE_ARGS`)."""
+    kwargs: dict[str, Any] = dict(
+        model_path=spec.model_path,
+        tokenizer_path=spec.model_path,
+        dtype=spec.dtype,
+        tp_size=spec.tensor_parallel_size,
+        context_length=spec.max_model_len,
+        mem_fraction_static=(
+            config.mem_fraction_static
+            if config.mem_fraction_static is not None
+            else spec.gpu_memory_utilization
+        ),
+        random_seed=spec.seed,
+        sampling_backend=config.sampling_backend,
+        disable_cuda_graph=config.disable_cuda_graph,
+        enable_memory_saver=config.enable_memory_saver,
+        enable_weights_cpu_backup=config.enable_memory_saver and config.weights_cpu_backup,
+        enable_deterministic_inference=config.deterministic_inference,
+        sampling_defaults="openai",
+        skip_tokenizer_init=False,
+    )
+    if config.attention_backend is not None:
+        kwargs["attention_backend"] = config.attention_backend
+    if config.chunked_prefill_size is not None:
+        kwargs["chunked_prefill_size"] = config.chunked_prefill_size
+    return {**kwargs, **config.engine_kwargs}
+
+
+class SGLangRollout(RolloutEngine):
+    """Generation with SGLang over one model replica (``tensor_parallel_size`` devices)."""
+
+    config_class = SGLangConfig
+
+    def __init__(
+        self, spec: RolloutSpec, config: SGLangConfig | None = None, platform: DevicePlatform | None = None
+    ):
+        config = config if config is not None else SGLangConfig()
+        super().__init__(spec, config, platform)
+        if spec.dtype not in _DTYPES:
+            raise ValueError(f"rollout.dtype must be one of {', '.join(_DTYPES)}, got {spec.dtype!r}")
+        self.dtype = _DTYPES[spec.dtype]
+        sglang = import_sglang()
+        self.weights = ModelWeights.from_pretrained(spec.model_path)
+        self.vocab_size = self.weights.shapes[_embedding_name(self.weights)][0]
+        self.max_model_len = spec.max_model_len
+        self.device = _current_device(platform)
+        args = engine_args(spec, config)
+        with _env(RAW_LOGPROB_ENV, "1" if config.logprobs_mode == "raw_logprobs" else "0"):
+            self._loop = EngineLoop(lambda: sglang.Engine(**args))
+        self._closed = False
+        self._ids = itertools.count()
+        self._run_id = uuid.uuid4().hex[:8]
+        self.memory = MemoryTags(
+            memory_saver=config.enable_memory_saver,
+            weights_backup=config.weights_cpu_backup,
+            cuda_graph=not config.disable_cuda_graph,
+        )
+        self._tp_size = spec.tensor_parallel_size
+        self._flattened = importlib.util.find_spec("sglang.srt.weight_sync.tensor_bucket") is not None
+        self._warned_seed = False
+
+    # -- generation ------------------------------------------------------------------------------
+    def generate(self, prompts: Sequence[Sequence[int]], params: SamplingParams) -> list[list[Completion]]:
+        rows = self._check_request(prompts, params)
+        expanded = [(row, seed) for i, row in enumerate(rows) for seed in request_seeds(params, i)]
+        future = self._loop.submit(lambda: self._generate(expanded, params))
+        try:
+            completions = future.result()
+        except BaseException:
+            future.cancel()
+            raise
+        n = params.n
+        return [completions[i * n : (i + 1) * n] for i in range(len(rows))]
+
+    async def agenerate(self, prompt: Sequence[int], params: SamplingParams) -> list[Completion]:
+        """One prompt's ``n`` samples, awaited. Many calls may be in flight; SGLang batches them with
+        each other and with ``generate`` calls. Cancelling the awaiting task aborts its requests."""
+        (row,) = self._check_request([prompt], params)
+        expanded = [(row, seed) for seed in request_seeds(params, 0)]
+        return await asyncio.wrap_future(self._loop.submit(lambda: self._generate(expanded, params)))
+
+    async def _generate(
+        self, rows: list[tuple[list[int], int | None]], params: SamplingParams
+    ) -> list[Completion]:
+        """One batched SGLang request on the engine loop; on cancellation its requests are aborted in
+        SGLang (which otherwise keeps decoding them)."""
+        engine = self._loop.engine
+        rids = [f"rlcore-{self._run_id}-{next(self._ids)}" for _ in rows]
+        try:
+            outputs = await engine.async_generate(
+                input_ids=[row for row, _ in rows],
+                sampling_params=[to_sglang(params, seed) for _, seed in rows],
+                return_logprob=params.logprobs,
+                rid=rids,
+            )
+        except asyncio.CancelledError:
+            for rid in rids:
+                engine.tokenizer_manager.abort_request(rid)
+            raise
+        if isinstance(outputs, dict):  # a batch of one may come back unwrapped
+            outputs = [outputs]
+        return [
+            to_completion(row, out, want_log_probs=params.logprobs)
+            for (row, _), out in zip(rows, outputs, strict=True)
+        ]
+
+    def _check_request(self, prompts: Sequence[Sequence[int]], params: SamplingParams) -> list[list[int]]:
+        check_sampling(params)
+        self.memory.check_generate()
+        if params.seed is not None and not self.config.deterministic_inference and not self._warned_seed:
+            self._warned_seed = True
+            log.warning(
+                "sglang rollout: sampling seeds are not honoured with sglang.deterministic_inference=false "
+                "(SGLang then samples from its engine-wide generator); set it to true to reproduce samples"
+            )
+        return check_prompts(prompts, params, vocab_size=self.vocab_size, max_model_len=self.max_model_len)
+
+    # -- weights ---------------------------------------------------------------------------------
+    def load_weights(self, buckets: Iterable[WeightBucket]) -> None:
+        """Load a (possibly partial) stream in Hugging Face names; see :mod:`rlcore_sglang.weight_stream`.
+
+        Tensors are checked, packed into flattened buckets of ``sglang.weight_bucket_mib`` on this
+        process's device and sent one bucket per ``update_weights_from_tensor`` call; SGLang re-shards
+        each for its tensor-parallel ranks. A bad tensor stops the load there with
+        :class:`~rlcore_sglang.weight_stream.WeightStreamError` (tensors before it are loaded; the engine
+        stays usable). The radix cache is flushed afterwards either way (``flush_cache_after_load``).
+        """
+        self.memory.check_load()
+        sent: list[str] = []
+        stream = pack(
+            checked_tensors(buckets, self.weights, self.dtype),
+            bucket_bytes=self.config.weight_bucket_mib << 20,
+            device=self.device,
+        )
+        with self._loop.exclusive():
+            try:
+                for bucket in stream:
+                    self._loop.run(lambda b=bucket: self._send(b))
+                    sent.extend(bucket.names)
+            except WeightStreamError as exc:
+                raise WeightStreamError(f"{exc} -- {_loaded_note(sent)}", tuple(sent)) from exc
+            except Exception as exc:
+                raise WeightStreamError(
+                    f"the weight stream failed while being loaded ({type(exc).__name__}: {exc}) -- "
+                    f"{_loaded_note(sent)}",
+                    tuple(sent),
+                ) from exc
+            finally:
+                if sent and "kv_cache" not in self.memory.released and self.config.flush_cache_after_load:
+                    self._loop.run(self._flush_cache)
+        if self.weights.targets() <= set(sent):
+            self.memory.loaded()
+
+    async def _send(self, bucket: PackedBucket) -> None:
+        from sglang.srt.managers.io_struct import UpdateWeightsFromTensorReqInput
+        from sglang.srt.utils import MultiprocessingSerializer
+        from sglang.srt.utils.patch_torch import monkey_patch_torch_reductions
+
+        # CUDA IPC handles name the device by UUID, so a scheduler whose device numbering differs (its
+        # own CUDA_VISIBLE_DEVICES) opens the right one; SGLang's receiving side expects this patch.
+        monkey_patch_torch_reductions()
+        if self._flattened:
+            from sglang.srt.weight_sync.tensor_bucket import FlattenedTensorMetadata
+
+            metadata = [
+                FlattenedTensorMetadata(
+                    name=s.name,
+                    shape=torch.Size(s.shape),
+                    dtype=s.dtype,
+                    start_idx=s.start,
+                    end_idx=s.end,
+                    numel=s.end - s.start,
+                )
+                for s in bucket.slots
+            ]
+            payload = MultiprocessingSerializer.serialize(
+                {"flattened_tensor": bucket.flat, "metadata": metadata}
+            )
+            load_format = "flattened_bucket"
+        else:
+            from rlcore_sglang.weight_stream import unpack
+
+            payload = MultiprocessingSerializer.serialize(unpack(bucket))
+            load_format = None
+        request = UpdateWeightsFromTensorReqInput(
+            serialized_named_tensors=[payload] * self._tp_size,  # every rank opens the same IPC handle
+            load_format=load_format,
+            flush_cache=False,  # once after the whole stream, not per bucket
+        )
+        success, message = await self._loop.engine.tokenizer_manager.update_weights_from_tensor(request, None)
+        if not success:
+            raise RuntimeError(f"SGLang refused the weight update: {message}")
+
+    async def _flush_cache(self) -> None:
+        result = await self._loop.engine.tokenizer_manager.flush_cache()
+        if not getattr(result, "success", True):
+            raise RuntimeError(
+                f"sglang rollout: SGLang refused to flush its radix cache after a weight load "
+                f"({getattr(result, 'message', '')}); requests still running?"
+            )
+
+    # -- memory ----------------------------------------------------------------------------------
+    def release(self, tags: Sequence[str]) -> None:
+        """Free device memory by tag through SGLang's ``release_memory_occupation`` (weights, KV cache,
+        and CUDA-graph buffers with the KV cache), once in-flight requests have finished. A logged
+        no-op without ``sglang.enable_memory_saver``, with the same bookkeeping."""
+        if not self.memory.sends:
+            log.info("sglang rollout: sglang.enable_memory_saver is off; release(%s) frees nothing", tags)
+        sglang_tags = self.memory.release(tags)
+        if sglang_tags:
+            self._memory_call("ReleaseMemoryOccupationReqInput", "release_memory_occupation", sglang_tags)
+
+    def resume(self, tags: Sequence[str]) -> None:
+        """Re-acquire released memory by tag: ``["weights"]`` first lets a weight load run before the KV
+        cache comes back. Without a host copy of the weights (``sglang.weights_cpu_backup: false``) a
+        weight load must follow before the engine generates."""
+        sglang_tags = self.memory.resume(tags)
+        if sglang_tags:
+            self._memory_call("ResumeMemoryOccupationReqInput", "resume_memory_occupation", sglang_tags)
+
+    def _memory_call(self, request: str, method: str, tags: list[str]) -> None:
+        from sglang.srt.managers import io_struct
+
+        obj = getattr(io_struct, request)(tags=tags)
+        with self._loop.exclusive() as engine:
+            self._loop.run(lambda: getattr(engine.tokenizer_manager, method)(obj, None))
+
+    @contextlib.contextmanager
+    def exclusive(self) -> Iterator[Any]:
+        """The underlying ``sglang.Engine``, for direct use while no rlcore request runs (a raw
+        ``async_generate`` to compare against, ``get_weights_by_name``): call its coroutines with
+        :meth:`run_on_engine_loop`; its synchronous methods would need the loop this engine runs."""
+        with self._loop.exclusive() as engine:
+            yield engine
+
+    def run_on_engine_loop(self, make):
+        """Run the coroutine ``make()`` on the engine's event loop and return its result."""
+        return self._loop.run(make)
+
+    def shutdown(self) -> None:
+        """Stop the engine loop and SGLang's processes. Idempotent."""
+        if self._closed:
+            return
+        self._closed = True
+        engine = self._loop.engine
+        self._loop.close()
+        engine.shutdown()
+
+
+def _embedding_name(weights: ModelWeights) -> str:
+    """The input embedding's name (its first dimension is the vocabulary the engine accepts)."""
+    names = [n for n in weights.shapes if n.endswith("embed_tokens.weight")]
+    if not names:
+        raise ValueError(
+            f"sglang rollout: found no '*embed_tokens.weight' in {weights.model_path}; "
+            f"rlcore-sglang serves causal LMs in Hugging Face layout"
+        )
+    return names[0]
+
+
+def _loaded_note(sent: list[str]) -> str:
+    if not sent:
+        return "nothing was loaded"
+    return (
+        f"{len(sent)} tensors before it were loaded (every other weight keeps its old value; send a "
+        f"complete stream to make the model consistent again)"
+    )
+
+
+def _current_device(platform: DevicePlatform | None) -> torch.device:
+    """Where weight buckets are packed: this process's current accelerator (SGLang's scheduler opens
+    them by CUDA IPC handle), or the CPU."""
+    device_type = (
+        platform.device_type if platform is not None else ("cuda" if torch.cuda.is_available() else "cpu")
+    )
+    if device_type == "cpu":
+        return torch.device("cpu")
+    return torch.device(device_type, torch.get_device_module(device_type).current_device())
+
+
+@contextlib.contextmanager
+def _env(key: str, value: str) -> Iterator[None]:
+    """Set ``key`` while SGLang spawns its scheduler processes (they read it at import)."""
+    previous = os.environ.get(key)
+    os.environ[key] = value
+    try:
+        yield
+    finally:
+        if previous is None:
+            os.environ.pop(key, None)
+        else:
+            os.environ[key] = previous
+
+
+#: rlcore's memory tags, re-exported for callers that name them.
+__all__ = ["RELEASE_TAGS", "SGLangRollout", "engine_args", "import_sglang"]

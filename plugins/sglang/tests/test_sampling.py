@@ -1,0 +1,94 @@
+"""Sampling settings into SGLang's parameter dicts, and SGLang results into Completions (no sglang:
+SGLang takes and returns plain dicts; the results below have the shape its ``async_generate`` returns)."""
+
+import pytest
+from rlcore.api import SamplingParams
+from rlcore_sglang.sampling import check_prompts, check_sampling, request_seeds, to_completion, to_sglang
+
+
+def result(ids, logprobs, reason, text="", rid="rlcore-x-0"):
+    meta = {"id": rid, "finish_reason": reason}
+    if logprobs is not None:
+        meta["output_token_logprobs"] = [(lp, t, None) for lp, t in zip(logprobs, ids, strict=True)]
+    return {"text": text, "output_ids": ids, "meta_info": meta}
+
+
+def test_every_distribution_setting_is_explicit():
+    params = SamplingParams(temperature=0.7, top_p=0.9, top_k=0, max_tokens=32, stop=("\n\n",))
+    got = to_sglang(params, seed=12)
+    assert got == {
+        "max_new_tokens": 32,
+        "temperature": 0.7,
+        "top_p": 0.9,
+        "top_k": -1,  # rlcore's 0 or -1 (off) is SGLang's -1 (whole vocabulary); SGLang rejects 0
+        "min_p": 0.0,
+        "repetition_penalty": 1.0,
+        "frequency_penalty": 0.0,
+        "presence_penalty": 0.0,
+        "skip_special_tokens": True,
+        "no_stop_trim": False,
+        "stop": ["\n\n"],
+        "sampling_seed": 12,
+    }
+    assert to_sglang(SamplingParams(top_k=5), seed=None)["top_k"] == 5
+    assert "sampling_seed" not in to_sglang(SamplingParams(), seed=None)
+    assert "stop" not in to_sglang(SamplingParams(), seed=None)
+
+
+def test_seeds_differ_per_sample_and_prompt():
+    params = SamplingParams(n=3, seed=100)
+    seeds = [s for i in range(4) for s in request_seeds(params, i)]
+    assert seeds == list(range(100, 112))
+    assert request_seeds(SamplingParams(n=2), 5) == [None, None]
+
+
+def test_completion_from_a_result():
+    c = to_completion(
+        [5, 6],
+        result([7, 8, 2], [-0.5, -1.25, -0.1], {"type": "stop", "matched": 2}, "ab"),
+        want_log_probs=True,
+    )
+    assert (c.prompt_ids, c.token_ids, c.log_probs, c.finish_reason, c.text) == (
+        [5, 6],
+        [7, 8, 2],
+        [-0.5, -1.25, -0.1],
+        "stop",
+        "ab",
+    )
+    c = to_completion([5], result([9], None, {"type": "length", "length": 1}), want_log_probs=False)
+    assert c.finish_reason == "length" and c.log_probs is None
+
+
+def test_aborted_and_inconsistent_results_raise():
+    with pytest.raises(RuntimeError, match=r"rlcore-x-0 ended with finish_reason=.*abort.*: too long"):
+        to_completion([5], result([], [], {"type": "abort", "message": "too long"}), want_log_probs=True)
+    bad = result([7, 8], [-0.5, -1.0], {"type": "length"})
+    bad["meta_info"]["output_token_logprobs"][1] = (-1.0, 99, None)
+    with pytest.raises(RuntimeError, match="log-prob 1 is for token 99, but the output has token 8"):
+        to_completion([5], bad, want_log_probs=True)
+    missing = result([7, 8], None, {"type": "length"})
+    with pytest.raises(RuntimeError, match="returned 2 tokens but none log-probs"):
+        to_completion([5], missing, want_log_probs=True)
+
+
+def test_prompt_and_sampling_checks():
+    params = SamplingParams(max_tokens=20)
+    with pytest.raises(
+        ValueError, match=r"prompt 1 has 500 tokens.*max_tokens=20.*at most 12 new tokens fit"
+    ):
+        check_prompts([[5], [4] * 500], params, vocab_size=1000, max_model_len=512)
+    with pytest.raises(ValueError, match=r"token id 1000 outside the model's vocabulary \[0, 1000\)"):
+        check_prompts([[5, 1000]], params, vocab_size=1000, max_model_len=512)
+    with pytest.raises(ValueError, match="prompt 0 is empty"):
+        check_prompts([[]], params, vocab_size=1000, max_model_len=512)
+    with pytest.raises(TypeError, match="wrap a single prompt"):
+        check_prompts([5, 6], params, vocab_size=1000, max_model_len=512)
+    assert check_prompts([(5, 6)], params, vocab_size=1000, max_model_len=512) == [[5, 6]]
+    for bad, key in [
+        (SamplingParams(top_p=0.0), "sampling.top_p"),
+        (SamplingParams(temperature=-1.0), "sampling.temperature"),
+        (SamplingParams(top_k=-2), "sampling.top_k"),
+        (SamplingParams(stop=("",)), "sampling.stop"),
+    ]:
+        with pytest.raises(ValueError, match=key):
+            check_sampling(bad)
