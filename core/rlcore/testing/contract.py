@@ -60,6 +60,9 @@ import torch
 from rlcore.api import Batch, SamplingParams
 from rlcore.weights import assemble, bucketize, tensor_bytes
 
+# Every assert here carries a message with the values it compared: pytest also rewrites this module
+# (registered in rlcore.testing's __init__), but not under ``--assert=plain`` or ``python -O``.
+
 __all__ = [
     "RolloutEngineContract",
     "TrainEngineContract",
@@ -139,6 +142,11 @@ def _row_alone(batch: Batch, i: int) -> Batch:
     return Batch(tensors, meta={"global_tokens": int(rm.sum()), "global_sequences": 1})
 
 
+def _context(what: str):
+    """A ``msg`` for :func:`torch.testing.assert_close` that says which check failed above its numbers."""
+    return lambda detail: f"{what}\n{detail}"
+
+
 def _assert_finite_metrics(metrics: dict[str, float]) -> None:
     for key in ("loss", "grad_norm", "lr"):
         assert key in metrics, f"train_step metrics lack {key!r}: {sorted(metrics)}"
@@ -185,24 +193,39 @@ class TrainEngineContract:
             metrics = engine.train_step(batch, token_nll_loss)
             _assert_finite_metrics(metrics)
             assert metrics["lr"] == pytest.approx(self.train_lr), (
-                "constant schedule: lr must stay as configured"
+                f"train_step reported lr={metrics['lr']}, expected the configured {self.train_lr} "
+                "(constant schedule, no warm-up)"
             )
-            assert metrics["grad_norm"] > 0
+            assert metrics["grad_norm"] > 0, (
+                f"train_step reported grad_norm={metrics['grad_norm']}, expected > 0 (no gradient flowed)"
+            )
             losses.append(metrics["loss"])
         assert losses[-1] < losses[0], f"loss did not decrease over {self.train_steps} steps: {losses}"
         # The first step's loss is computed before any update: it must equal the NLL measured by infer.
         nll_before = float(-(before * batch["response_mask"]).sum() / batch.meta["global_tokens"])
-        assert losses[0] == pytest.approx(nll_before, rel=1e-4, abs=self.layout_atol)
+        assert losses[0] == pytest.approx(nll_before, rel=1e-4, abs=self.layout_atol), (
+            f"first train_step loss {losses[0]!r} != NLL of infer's log-probs {nll_before!r} "
+            f"(difference {losses[0] - nll_before:.3g}, allowed rel 1e-4 / abs {self.layout_atol}): "
+            "train_step and infer disagree on the log-probs of the same batch"
+        )
         after = engine.infer(batch, ["log_probs"])["log_probs"]
-        assert float((after * batch["response_mask"]).sum()) > float((before * batch["response_mask"]).sum())
+        ll_before = float((before * batch["response_mask"]).sum())
+        ll_after = float((after * batch["response_mask"]).sum())
+        assert ll_after > ll_before, (
+            f"log-likelihood of the trained batch by infer went {ll_before!r} -> {ll_after!r} over "
+            f"{self.train_steps} steps; expected it to rise"
+        )
 
     def test_micro_batches_sum_gradients(self, make_train_engine):
         # One micro-batch of 4 rows or four of one row: the same loss and gradient (summed, not averaged).
         batch = self.batch(seed=1)
         whole = make_train_engine(lr=self.train_lr, micro_batch_size=4).train_step(batch, token_nll_loss)
         split = make_train_engine(lr=self.train_lr, micro_batch_size=1).train_step(batch, token_nll_loss)
-        assert split["loss"] == pytest.approx(whole["loss"], rel=1e-4, abs=self.layout_atol)
-        assert split["grad_norm"] == pytest.approx(whole["grad_norm"], rel=1e-4, abs=self.layout_atol)
+        for key in ("loss", "grad_norm"):
+            assert split[key] == pytest.approx(whole[key], rel=1e-4, abs=self.layout_atol), (
+                f"{key}: {split[key]!r} with micro_batch_size=1, {whole[key]!r} with micro_batch_size=4 "
+                f"(allowed rel 1e-4 / abs {self.layout_atol}): micro-batches must sum, not average"
+            )
 
     def test_infer_log_probs_and_entropy(self, make_train_engine):
         engine = make_train_engine()
@@ -214,12 +237,18 @@ class TrainEngineContract:
             assert tuple(out[key].shape) == (b, r), (
                 f"{key} has shape {tuple(out[key].shape)}, expected {(b, r)}"
             )
-            assert torch.isfinite(out[key][mask]).all(), f"{key} has non-finite values on response tokens"
-        assert (out["log_probs"][mask] <= 1e-6).all(), "log-probs must be <= 0"
-        assert (out["entropy"][mask] >= -1e-6).all(), "entropy must be >= 0"
+            assert torch.isfinite(out[key][mask]).all(), (
+                f"{key} has non-finite values on response tokens: {out[key][mask].tolist()}"
+            )
+        largest = float(out["log_probs"][mask].max())
+        assert largest <= 1e-6, f"log-probs must be <= 0, the largest is {largest!r}"
+        smallest = float(out["entropy"][mask].min())
+        assert smallest >= -1e-6, f"entropy must be >= 0, the smallest is {smallest!r}"
         again = engine.infer(batch, ["log_probs", "entropy"])
-        torch.testing.assert_close(again["log_probs"], out["log_probs"], rtol=0, atol=0)
-        torch.testing.assert_close(again["entropy"], out["entropy"], rtol=0, atol=0)
+        for key in ("log_probs", "entropy"):
+            torch.testing.assert_close(
+                again[key], out[key], rtol=0, atol=0, msg=_context(f"{key}: infer twice on one batch differs")
+            )
 
     def test_infer_ignores_padding(self, make_train_engine):
         engine = make_train_engine()
@@ -239,11 +268,23 @@ class TrainEngineContract:
         noisy.tensors["prompts"] = noisy["input_ids"][:, :p]
         noisy.tensors["responses"] = noisy["input_ids"][:, p:]
         out_noisy = engine.infer(noisy, ["log_probs"])["log_probs"]
-        torch.testing.assert_close(out_noisy[mask], out[mask], rtol=0, atol=self.layout_atol)
+        torch.testing.assert_close(
+            out_noisy[mask],
+            out[mask],
+            rtol=0,
+            atol=self.layout_atol,
+            msg=_context("log_probs changed when only padded slots of input_ids changed"),
+        )
         # Each row alone, without any padding, matches its row in the padded batch.
         for i in range(len(batch)):
             alone = engine.infer(_row_alone(batch, i), ["log_probs"])["log_probs"][0]
-            torch.testing.assert_close(alone, out[i][mask[i]], rtol=0, atol=self.layout_atol)
+            torch.testing.assert_close(
+                alone,
+                out[i][mask[i]],
+                rtol=0,
+                atol=self.layout_atol,
+                msg=_context(f"log_probs of row {i} alone (no padding) differ from that row in the batch"),
+            )
 
     def test_value_head(self, make_train_engine):
         if "value" not in self.heads:
@@ -251,8 +292,12 @@ class TrainEngineContract:
         engine = make_train_engine(head="value", lr=self.train_lr, micro_batch_size=2)
         batch = self.batch()
         values = engine.infer(batch, ["values"])["values"]
-        assert tuple(values.shape) == tuple(batch["responses"].shape)
-        assert torch.isfinite(values[batch["response_mask"].bool()]).all()
+        assert tuple(values.shape) == tuple(batch["responses"].shape), (
+            f"values has shape {tuple(values.shape)}, expected {tuple(batch['responses'].shape)} "
+            "(that of responses)"
+        )
+        real = values[batch["response_mask"].bool()]
+        assert torch.isfinite(real).all(), f"values has non-finite values on response tokens: {real.tolist()}"
         losses = [engine.train_step(batch, value_mse_loss)["loss"] for _ in range(self.train_steps)]
         assert losses[-1] < losses[0], f"value loss did not decrease: {losses}"
 
@@ -265,18 +310,26 @@ class TrainEngineContract:
         assert tuple(scores.shape) == (len(batch),), (
             f"scores has shape {tuple(scores.shape)}, expected ({len(batch)},)"
         )
-        assert torch.isfinite(scores).all()
+        assert torch.isfinite(scores).all(), f"scores has non-finite values: {scores.tolist()}"
         # A sequence score is read at the last real token: the row alone, unpadded, scores the same.
         for i in range(len(batch)):
             alone = engine.infer(_row_alone(batch, i), ["scores"])["scores"]
-            torch.testing.assert_close(alone[0], scores[i], rtol=0, atol=self.layout_atol)
+            torch.testing.assert_close(
+                alone[0],
+                scores[i],
+                rtol=0,
+                atol=self.layout_atol,
+                msg=_context(f"score of row {i} alone (no padding) differs from that row in the batch"),
+            )
 
     def test_export_weights(self, make_train_engine):
         engine = make_train_engine(lr=self.train_lr)
         full = [(n, t.clone()) for n, t in assemble(engine.export_weights(torch.float32, 1 << 40))]
         names = [n for n, _ in full]
-        assert len(names) == len(set(names)), "export_weights yields a name twice"
-        assert all("@" not in n for n in names), "assembled names must be plain Hugging Face names"
+        twice = sorted({n for n in names if names.count(n) > 1})
+        assert not twice, f"export_weights yields these names more than once: {twice}"
+        sharded = [n for n in names if "@" in n]
+        assert not sharded, f"assembled names must be plain Hugging Face names, got {sharded}"
         bound = max(tensor_bytes(t) for _, t in full) // 3  # forces the largest tensors to be split
         buckets = list(engine.export_weights(torch.float32, bound))
         for bucket in buckets:
@@ -284,12 +337,17 @@ class TrainEngineContract:
             largest_element = max(t.element_size() for _, t in bucket)
             assert size <= max(bound, largest_element), f"a bucket holds {size} bytes, bound {bound}"
         pieces = dict(assemble(buckets))
-        assert sorted(pieces) == sorted(names)
+        assert sorted(pieces) == sorted(names), (
+            f"export_weights with a {bound}-byte bound lacks {sorted(set(names) - set(pieces))} and adds "
+            f"{sorted(set(pieces) - set(names))}, compared with one unbounded bucket"
+        )
         for name, tensor in full:
             assert torch.equal(pieces[name], tensor), f"{name} differs between bucket sizes"
         half = dict(assemble(engine.export_weights(torch.bfloat16, 1 << 20)))
         for name, tensor in full:
-            assert half[name].dtype == torch.bfloat16
+            assert half[name].dtype == torch.bfloat16, (
+                f"export_weights(torch.bfloat16) gave {name} as {half[name].dtype}"
+            )
             assert torch.equal(half[name], tensor.to(torch.bfloat16)), (
                 f"{name} in bfloat16 is not a plain cast"
             )
@@ -306,12 +364,27 @@ class TrainEngineContract:
         second = make_train_engine(lr=self.train_lr)
         second.load_checkpoint(str(tmp_path / "ckpt"))
         a, b = first.infer(other, ["log_probs"]), second.infer(other, ["log_probs"])
-        torch.testing.assert_close(b["log_probs"], a["log_probs"], rtol=0, atol=0)
+        torch.testing.assert_close(
+            b["log_probs"],
+            a["log_probs"],
+            rtol=0,
+            atol=0,
+            msg=_context("log_probs of an engine loaded from the checkpoint differ from the saved engine's"),
+        )
         # The optimizer state came back too: the next step is the same step.
         ma, mb = first.train_step(batch, token_nll_loss), second.train_step(batch, token_nll_loss)
-        assert mb["loss"] == pytest.approx(ma["loss"], rel=1e-6)
+        assert mb["loss"] == pytest.approx(ma["loss"], rel=1e-6), (
+            f"the step after load_checkpoint has loss {mb['loss']!r}, "
+            f"the next step of the engine that saved it {ma['loss']!r}"
+        )
         a, b = first.infer(other, ["log_probs"]), second.infer(other, ["log_probs"])
-        torch.testing.assert_close(b["log_probs"], a["log_probs"], rtol=1e-6, atol=1e-6)
+        torch.testing.assert_close(
+            b["log_probs"],
+            a["log_probs"],
+            rtol=1e-6,
+            atol=1e-6,
+            msg=_context("after one more step each, the loaded engine's log_probs differ (optimizer state?)"),
+        )
 
     def test_release_resume_keeps_state(self, make_train_engine):
         batch = self.batch()
@@ -326,14 +399,19 @@ class TrainEngineContract:
             kept.infer(batch, ["log_probs"])["log_probs"],
             rtol=0,
             atol=0,
+            msg=_context(f"log_probs after release({tags}) + resume differ from an engine never released"),
         )
         ma, mk = moved.train_step(batch, token_nll_loss), kept.train_step(batch, token_nll_loss)
-        assert ma["loss"] == mk["loss"] and ma["grad_norm"] == mk["grad_norm"]
+        for key in ("loss", "grad_norm"):
+            assert ma[key] == mk[key], (
+                f"{key} of the step after release/resume is {ma[key]!r}, {mk[key]!r} without it"
+            )
         torch.testing.assert_close(
             moved.infer(batch, ["log_probs"])["log_probs"],
             kept.infer(batch, ["log_probs"])["log_probs"],
             rtol=0,
             atol=0,
+            msg=_context("after one more step each, log_probs of the released/resumed engine differ"),
         )
 
     def test_export_hf(self, make_train_engine, tmp_path):
@@ -343,7 +421,7 @@ class TrainEngineContract:
         out = tmp_path / "hf"
         engine.export_hf(str(out))
         assert (out / "config.json").is_file(), "export_hf wrote no config.json"
-        json.loads((out / "config.json").read_text())
+        json.loads((out / "config.json").read_text())  # a JSONDecodeError names the line and column
         files = sorted(out.glob("*.safetensors"))
         assert files, f"export_hf wrote no *.safetensors under {out}"
         stream = dict(assemble(engine.export_weights(torch.float32, 1 << 40)))
@@ -391,28 +469,44 @@ class RolloutEngineContract:
         return [c[0] for c in engine.generate(prompts or self.prompts(), params)]
 
     def assert_same_greedy(self, got, want) -> None:
-        for g, w in zip(got, want, strict=True):
-            assert g.token_ids == w.token_ids
+        assert len(got) == len(want), f"{len(got)} completions, expected {len(want)}"
+        for i, (g, w) in enumerate(zip(got, want, strict=True)):
+            assert g.token_ids == w.token_ids, (
+                f"greedy tokens of prompt {i}: got {list(g.token_ids)}, expected {list(w.token_ids)}"
+            )
             torch.testing.assert_close(
-                torch.tensor(g.log_probs), torch.tensor(w.log_probs), rtol=0, atol=self.logprob_atol
+                torch.tensor(g.log_probs),
+                torch.tensor(w.log_probs),
+                rtol=0,
+                atol=self.logprob_atol,
+                msg=_context(f"log-probs of the greedy tokens of prompt {i}"),
             )
 
     def test_generate_shapes_and_log_probs(self, rollout_engine):
         prompts = self.prompts()
         params = SamplingParams(n=3, temperature=1.0, max_tokens=self.max_tokens, seed=0)
         out = rollout_engine.generate(prompts, params)
-        assert len(out) == len(prompts)
+        assert len(out) == len(prompts), f"generate returned {len(out)} lists for {len(prompts)} prompts"
         for prompt, completions in zip(prompts, out, strict=True):
-            assert len(completions) == 3, "generate must return n completions per prompt"
+            assert len(completions) == 3, (
+                f"generate returned {len(completions)} completions for n=3 (must be n per prompt)"
+            )
             for c in completions:
-                assert list(c.prompt_ids) == prompt
+                assert list(c.prompt_ids) == prompt, f"prompt_ids {list(c.prompt_ids)}, expected {prompt}"
                 assert 1 <= len(c.token_ids) <= self.max_tokens, (
-                    f"{len(c.token_ids)} tokens, max_tokens {self.max_tokens}"
+                    f"{len(c.token_ids)} tokens, expected 1 to max_tokens={self.max_tokens}"
                 )
-                assert c.finish_reason in ("stop", "length")
+                assert c.finish_reason in ("stop", "length"), (
+                    f"finish_reason {c.finish_reason!r}, expected 'stop' or 'length'"
+                )
                 if c.finish_reason == "length":
-                    assert len(c.token_ids) == self.max_tokens
-                assert c.log_probs is not None and len(c.log_probs) == len(c.token_ids)
+                    assert len(c.token_ids) == self.max_tokens, (
+                        f"finish_reason 'length' after {len(c.token_ids)} tokens, "
+                        f"expected max_tokens={self.max_tokens}"
+                    )
+                assert c.log_probs is not None and len(c.log_probs) == len(c.token_ids), (
+                    f"log_probs {c.log_probs} for {len(c.token_ids)} tokens: expected one per token"
+                )
                 lp = torch.tensor(c.log_probs)
                 assert torch.isfinite(lp).all() and (lp <= 1e-6).all(), f"bad log-probs {c.log_probs}"
 
@@ -422,19 +516,30 @@ class RolloutEngineContract:
         twins = rollout_engine.generate(
             self.prompts()[:1], SamplingParams(n=2, temperature=0.0, max_tokens=self.max_tokens)
         )
-        assert twins[0][0].token_ids == twins[0][1].token_ids == first[0].token_ids
+        got = [list(c.token_ids) for c in twins[0]]
+        assert got == [list(first[0].token_ids)] * 2, (
+            f"greedy with n=2 gave {got}, expected twice {list(first[0].token_ids)}"
+        )
 
     def test_top_k_one_is_greedy(self, rollout_engine):
         params = SamplingParams(n=2, temperature=1.0, top_k=1, max_tokens=self.max_tokens, seed=3)
         greedy = self.greedy(rollout_engine)
-        for completions, g in zip(rollout_engine.generate(self.prompts(), params), greedy, strict=True):
-            assert [c.token_ids for c in completions] == [g.token_ids] * 2
+        out = rollout_engine.generate(self.prompts(), params)
+        for i, (completions, g) in enumerate(zip(out, greedy, strict=True)):
+            got = [list(c.token_ids) for c in completions]
+            assert got == [list(g.token_ids)] * 2, (
+                f"top_k=1 sampling of prompt {i} gave {got}, expected twice the greedy {list(g.token_ids)}"
+            )
 
     def test_request_seed_reproduces_samples(self, rollout_engine):
         params = SamplingParams(n=2, temperature=1.0, max_tokens=self.max_tokens, seed=11)
         first = rollout_engine.generate(self.prompts(), params)
         second = rollout_engine.generate(self.prompts(), params)
-        assert [[c.token_ids for c in cs] for cs in first] == [[c.token_ids for c in cs] for cs in second]
+        first_ids = [[list(c.token_ids) for c in cs] for cs in first]
+        second_ids = [[list(c.token_ids) for c in cs] for cs in second]
+        assert second_ids == first_ids, (
+            f"two requests with seed=11 sampled {first_ids} then {second_ids}: the seed must reproduce"
+        )
 
     def test_load_current_weights_keeps_outputs(self, rollout_engine, rollout_weights):
         before = self.greedy(rollout_engine)
@@ -490,5 +595,6 @@ class RolloutEngineContract:
             return await asyncio.gather(*(rollout_engine.agenerate(p, params) for p in prompts))
 
         results = asyncio.run(many())
-        assert all(len(r) == 1 for r in results)
+        counts = [len(r) for r in results]
+        assert counts == [1] * len(prompts), f"agenerate returned {counts} completions per prompt, n=1"
         self.assert_same_greedy([r[0] for r in results], self.greedy(rollout_engine, prompts))
