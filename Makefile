@@ -7,7 +7,7 @@ PY := $(VENV)/bin/python
 PIP := $(PY) -m pip install -q --no-compile -c constraints-cpu.txt
 STAMP := $(VENV)/.rlcore-setup
 PACKAGES := -e core -e plugins/fsdp -e 'plugins/vllm[cpu]' -e plugins/megatron -e plugins/sglang
-DEV := pytest pytest-benchmark pytest-timeout ruff tensorboard
+DEV := pytest pytest-benchmark pytest-timeout ruff tensorboard wandb mlflow-skinny
 
 .PHONY: setup demo test lint
 setup: $(STAMP)

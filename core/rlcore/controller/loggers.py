@@ -5,7 +5,7 @@ one line of the main metrics per step; ``metrics.jsonl`` in the run directory ge
 step (``{"step": 3, "reward/mean": ...}``), rewritten from the checkpoint's history when a run resumes
 so that it never holds steps the resumed run repeats. TensorBoard, W&B and MLflow are optional imports:
 TensorBoard (a default) is skipped with a warning when missing; W&B and MLflow, which a user asks for by
-name, fail the run's start with the install command.
+name, fail the run's start with the install command (see :mod:`rlcore.controller.trackers`).
 """
 
 from __future__ import annotations
@@ -17,6 +17,8 @@ import os
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any, Protocol
+
+from rlcore.controller.trackers import TRACKERS, MlflowLogger, WandbLogger, check_tracker
 
 logger = logging.getLogger(__name__)
 
@@ -151,74 +153,18 @@ class TensorBoardLogger:
         self.writer.close()
 
 
-class WandbLogger:
-    def __init__(self, name: str, run_dir: Path, config: Mapping[str, Any]):
-        import wandb
-
-        self.wandb = wandb
-        self.run = wandb.init(
-            project=os.environ.get("WANDB_PROJECT", "rlcore"),
-            name=name,
-            id=name,
-            resume="allow",
-            dir=str(run_dir),
-            config=dict(config),
-        )
-
-    def log(self, step: int, metrics: Mapping[str, float]) -> None:
-        self.run.log(dict(metrics), step=step)
-
-    def close(self) -> None:
-        self.run.finish()
-
-
-class MlflowLogger:
-    def __init__(self, name: str, config: Mapping[str, Any]):
-        import mlflow
-
-        self.mlflow = mlflow
-        mlflow.set_experiment(os.environ.get("MLFLOW_EXPERIMENT_NAME", "rlcore"))
-        self.run = mlflow.start_run(run_name=name)
-        mlflow.log_params(_flatten(config))
-
-    def log(self, step: int, metrics: Mapping[str, float]) -> None:
-        self.mlflow.log_metrics({k: float(v) for k, v in metrics.items()}, step=step)
-
-    def close(self) -> None:
-        self.mlflow.end_run()
-
-
-def _flatten(tree: Mapping[str, Any], prefix: str = "") -> dict[str, Any]:
-    out: dict[str, Any] = {}
-    for key, value in tree.items():
-        name = f"{prefix}{key}"
-        if isinstance(value, Mapping):
-            out.update(_flatten(value, name + "."))
-        else:
-            out[name] = str(value)[:250]  # MLflow rejects long parameter values
-    return out
-
-
-_INSTALL = {
-    "wandb": "pip install wandb",
-    "mlflow": "pip install mlflow",
-    "tensorboard": "pip install tensorboard",
-}
+_INSTALL_TENSORBOARD = "pip install tensorboard"
 
 
 def check_logger_names(names: Sequence[str]) -> None:
-    """Unknown names and missing packages of explicitly requested sinks fail before anything starts."""
-    import importlib.util
-
+    """Unknown names, and trackers asked for that would fail (package missing, MLflow store unusable),
+    fail before anything starts."""
     unknown = [n for n in names if n not in LOGGERS]
     if unknown:
         raise ValueError(f"trainer.loggers: unknown logger(s) {unknown}; choose from {', '.join(LOGGERS)}")
-    for name in ("wandb", "mlflow"):
-        if name in names and importlib.util.find_spec(name) is None:
-            raise ValueError(
-                f"trainer.loggers includes {name!r} but the {name} package is not installed: "
-                f"{_INSTALL[name]}, or remove it from trainer.loggers"
-            )
+    for name in TRACKERS:
+        if name in names:
+            check_tracker(name)
 
 
 def build_loggers(
@@ -244,9 +190,9 @@ def build_loggers(
             try:
                 sinks.append(TensorBoardLogger(run_dir / "tensorboard"))
             except ImportError:
-                logger.warning("tensorboard is not installed; skipping it (%s)", _INSTALL["tensorboard"])
+                logger.warning("tensorboard is not installed; skipping it (%s)", _INSTALL_TENSORBOARD)
         elif name == "wandb":
-            sinks.append(WandbLogger(experiment_name, run_dir, config))
+            sinks.append(WandbLogger(experiment_name, run_dir, config, resumed=start_step > 0))
         elif name == "mlflow":
             sinks.append(MlflowLogger(experiment_name, config))
     return sinks
