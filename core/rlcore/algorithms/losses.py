@@ -6,7 +6,8 @@ batch fields (``old_log_probs``, ``advantages``, ``response_mask``, ``ref_log_pr
 ``values``) and ``meta["global_tokens"]`` / ``meta["global_sequences"]``, the counts over the whole
 mini-batch on all data-parallel ranks. Each loss is divided by those counts, so the engine's *sum* of
 micro-batch gradients over micro-batches and ranks is the gradient of the mini-batch loss. Without the
-counts a micro-batch is normalised by its own.
+counts a micro-batch is normalised by its own. A batch without ``old_log_probs`` is an on-policy update:
+the actor loss takes the forward's own detached log-probs as the old ones (see :class:`ActorLoss`).
 
 Both classes are plain attrs data (names and numbers), so they pickle to Ray workers; the policy loss is
 looked up by name in the worker's registry at call time.
@@ -19,7 +20,7 @@ from typing import Any
 import attrs
 import torch
 
-from rlcore.algorithms.aggregation import agg_loss, check_loss_agg_mode
+from rlcore.algorithms.aggregation import agg_loss, check_loss_agg_mode, masked_mean
 from rlcore.algorithms.calling import call_with_available
 from rlcore.algorithms.kl import check_kl_kind, kl_penalty
 from rlcore.algorithms.value import value_loss
@@ -58,9 +59,18 @@ class ActorLoss:
     arguments of the chosen loss (``clip_cov_ratio``, ``kl_cov_ratio``, ``ppo_kl_coef`` ...); a key the
     loss does not accept is an error.
 
+    Old log-probs: ``micro_batch["old_log_probs"]``, or, when the batch has none, ``log_probs.detach()``.
+    The controller leaves them out only for an on-policy update, a single optimizer step over the batch
+    (:func:`rlcore.controller.flows.phases.needs_old_log_probs`): the weights are then still those the
+    old-log-prob pass would have run with, and the training forward computes the same function, so the
+    detached log-probs are the numbers the pass would have given (verl does the same). The ratio is
+    exactly 1, so ``actor/ppo_kl`` and ``actor/pg_clipfrac`` are 0.
+
     Metrics (floats, means over this micro-batch): ``actor/pg_loss`` and the policy loss's own,
     ``actor/entropy`` (whenever ``outputs`` has ``entropy``), ``actor/kl_loss`` and ``actor/kl_coef``
-    (with ``use_kl_loss``).
+    (with ``use_kl_loss``); without ``old_log_probs`` and with ``rollout_log_probs`` in the batch,
+    ``rollout/logprob_diff_mean``, the mean ``|rollout - trainer|`` log-prob over the micro-batch's
+    response tokens (the engine averages it over micro-batches).
     """
 
     policy_loss: str = "vanilla"
@@ -111,8 +121,14 @@ class ActorLoss:
         mask = _field(micro_batch, "response_mask", "micro_batch", why)
         counts = _counts(micro_batch)
         agg = {"loss_scale_factor": self.loss_scale_factor, **counts}
+        # No old log-probs: an on-policy update, whose old policy is this very forward (class docstring).
+        old_log_prob = micro_batch.get("old_log_probs")
+        gap = {}
+        if old_log_prob is None:
+            old_log_prob = log_prob.detach()
+            gap = _rollout_gap(micro_batch.get("rollout_log_probs"), old_log_prob, mask)
         available = {
-            "old_log_prob": _field(micro_batch, "old_log_probs", "micro_batch", why),
+            "old_log_prob": old_log_prob,
             "log_prob": log_prob,
             "advantages": _field(micro_batch, "advantages", "micro_batch", why),
             "response_mask": mask,
@@ -130,7 +146,7 @@ class ActorLoss:
             self.policy_loss_kwargs,
             what=f"policy loss {self.policy_loss!r}",
         )
-        metrics = {k: float(v) for k, v in pg_metrics.items()}
+        metrics = {k: float(v) for k, v in {**pg_metrics, **gap}.items()}
         if "entropy" in outputs:
             entropy = outputs["entropy"]
             metrics["actor/entropy"] = float(
@@ -149,6 +165,18 @@ class ActorLoss:
             )
             metrics["actor/kl_coef"] = float(self.kl_loss_coef)
         return loss, metrics
+
+
+def _rollout_gap(
+    rollout_log_probs: torch.Tensor | None, log_prob: torch.Tensor, mask: torch.Tensor
+) -> dict[str, float]:
+    """``rollout/logprob_diff_mean`` over the micro-batch: what the skipped old-log-prob pass would have
+    recorded, from the training forward instead (``{}`` without rollout log-probs or valid tokens)."""
+    if rollout_log_probs is None or not bool(mask.any()):
+        return {}
+    dtype = torch.promote_types(torch.promote_types(rollout_log_probs.dtype, log_prob.dtype), torch.float32)
+    diff = (rollout_log_probs.to(dtype) - log_prob.to(dtype)).abs()
+    return {"rollout/logprob_diff_mean": float(masked_mean(diff, mask))}
 
 
 @attrs.define

@@ -15,7 +15,7 @@ key                    shape        meaning
 ``attention_mask``     ``[B, P+R]`` 1 on real tokens
 ``position_ids``       ``[B, P+R]`` positions counted over real tokens
 ``response_mask``      ``[B, R]``   1 on response tokens that count in losses
-``old_log_probs``      ``[B, R]``   log-probs of the policy that generated (or of the trainer before update)
+``old_log_probs``      ``[B, R]``   log-probs of the trainer before the update (absent in an on-policy update)
 ``ref_log_prob``       ``[B, R]``   reference policy log-probs
 ``values``             ``[B, R]``   critic values
 ``token_level_scores`` ``[B, R]``   reward before KL penalty

@@ -92,6 +92,10 @@ class TrainEngine(abc.ABC):
         micro-batches, accumulates gradients (summed), clips, steps the optimizer and the LR schedule.
         Returns metrics averaged as the engine sees fit (``loss``, ``grad_norm``, ``lr`` at least),
         identical on every rank.
+
+        The forward computes the same function as :meth:`infer`'s (no dropout, the same temperature):
+        importance ratios divide one by the other, and an on-policy update takes the forward's detached
+        ``log_probs`` as the old log-probs without an :meth:`infer` pass.
         """
 
     @abc.abstractmethod

@@ -90,6 +90,12 @@ class ActorConfig:
     max_tokens_per_micro_batch: int | None = attrs.field(default=None, validator=_positive)
     #: Recompute activations in backward to save memory.
     gradient_checkpointing: bool = False
+    #: The actor's forward over the batch before its update (``old_log_probs``, ``timing/old_log_probs``).
+    #: ``auto``: skipped when the update is on-policy, one optimizer step over the whole batch
+    #: (``ppo_epochs: 1``, ``ppo_mini_batch_size`` unset or covering the batch) with nothing reading old
+    #: log-probs before it (no KL penalty in the reward): the loss then takes its own forward's detached
+    #: log-probs, the same numbers. ``always``: run the pass every step.
+    recompute_old_log_probs: str = attrs.field(default="auto", validator=_one_of("auto", "always"))
 
 
 @attrs.define(kw_only=True)

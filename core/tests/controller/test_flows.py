@@ -1,5 +1,6 @@
 """Algorithm flows on the local backend with the fake engines: every preset runs, GRPO and PPO learn the
-task, DAPO's dynamic sampling drops constant-reward groups and refills, ReMax scores greedy baselines."""
+task, DAPO's dynamic sampling drops constant-reward groups and refills, ReMax scores greedy baselines, an
+on-policy update skips the old-log-prob pass, and GRPO without KL builds no reference."""
 
 from __future__ import annotations
 
@@ -8,7 +9,11 @@ from pathlib import Path
 
 import pytest
 import torch
+from rlcore.algorithms import ActorLoss
 from rlcore.algorithms.presets import PRESETS
+from rlcore.api import Batch
+from rlcore.config.schema import ActorConfig, RLConfig, RolloutConfig
+from rlcore.controller.flows.phases import needs_old_log_probs, update_actor
 from rlcore.controller.run import prepare_run
 from rlcore.controller.trainer import Trainer
 
@@ -173,3 +178,117 @@ def test_remax_baseline_is_the_greedy_score_of_each_prompt(tmp_path, tiny_model_
     mask = batch["response_mask"].bool()
     expected = (scores - batch["reward_baselines"].double())[:, None].expand_as(mask)
     assert torch.allclose(batch["advantages"].double()[mask], expected[mask], atol=1e-5)
+
+
+def spy_on_actor_infers(trainer: Trainer) -> list:
+    """Record every batch the actor scores with ``infer`` (the old-log-prob pass and the sync probe)."""
+    seen = []
+    actor = trainer.roles["actor"]
+    original = actor.infer
+
+    def infer(batch, outputs=("log_probs",)):
+        seen.append(batch)
+        return original(batch, outputs)
+
+    actor.infer = infer
+    return seen
+
+
+def test_an_on_policy_update_skips_the_old_log_prob_pass(tmp_path, tiny_model_path):
+    # One epoch, no mini-batches: one optimizer step per batch (in two micro-batches of 8 rows).
+    trainer = make_trainer(
+        tmp_path, tiny_model_path, "grpo", trainer__total_steps=2, trainer__val_before_train=False
+    )
+    trained, scored = spy_on_actor_updates(trainer), spy_on_actor_infers(trainer)
+    try:
+        history = trainer.fit()
+    finally:
+        trainer.close()
+    steps = [r for r in history if r["step"] > 0]
+    assert len(trained) == 2 and all("old_log_probs" not in batch for batch in trained)
+    # The actor scored only the post-sync probes, never a training batch.
+    assert scored and not any("token_level_scores" in batch for batch in scored)
+    for record in steps:
+        assert "timing/old_log_probs" not in record
+        # Reported from the update's own forward instead of the pass's.
+        assert record["rollout/logprob_diff_mean"] < 1e-4
+        assert record["actor/ppo_kl"] == 0.0
+
+
+@pytest.mark.parametrize(
+    "extra",
+    [
+        {"actor__ppo_epochs": 2},
+        {"actor__ppo_mini_batch_size": 2},  # of 4 prompts: two optimizer steps
+        {"actor__recompute_old_log_probs": "always"},
+    ],
+    ids=["two-epochs", "two-mini-batches", "always"],
+)
+def test_the_old_log_prob_pass_runs_when_the_update_is_not_one_step(tmp_path, tiny_model_path, extra):
+    trainer = make_trainer(
+        tmp_path, tiny_model_path, "grpo", trainer__total_steps=1, trainer__val_before_train=False, **extra
+    )
+    trained, scored = spy_on_actor_updates(trainer), spy_on_actor_infers(trainer)
+    try:
+        (record,) = [r for r in trainer.fit() if r["step"] > 0]
+    finally:
+        trainer.close()
+    (batch,) = trained
+    assert "timing/old_log_probs" in record and "old_log_probs" in batch
+    assert any("token_level_scores" in b for b in scored)
+    assert record["rollout/logprob_diff_mean"] < 1e-4 and "rollout/logprob_diff_max" in record
+
+
+class _Ctx:
+    """What ``needs_old_log_probs`` and ``update_actor``'s check read of a step context."""
+
+    def __init__(self, preset: str = "grpo", **actor):
+        self.config = RLConfig(actor=ActorConfig(**actor), rollout=RolloutConfig(n=4))
+        self.preset = PRESETS[preset]
+
+
+@pytest.mark.parametrize(
+    ("preset", "actor", "needed"),
+    [
+        ("grpo", {}, False),
+        ("gspo", {}, False),
+        ("dapo", {}, False),
+        ("ppo", {}, False),
+        ("grpo", {"ppo_mini_batch_size": 4}, False),  # 4 prompts x 4 responses: the whole batch
+        ("grpo", {"ppo_mini_batch_size": 8}, False),
+        ("grpo", {"ppo_mini_batch_size": 3}, True),
+        ("grpo", {"ppo_epochs": 2}, True),
+        ("grpo", {"recompute_old_log_probs": "always"}, True),
+        ("rloo", {}, True),  # the KL penalty in the reward reads old log-probs before the update
+        ("reinforce_plus_plus", {}, True),
+        ("remax", {}, True),
+    ],
+)
+def test_needs_old_log_probs_exactly_when_the_shortcut_is_inexact(preset, actor, needed):
+    batch = Batch({"response_mask": torch.ones(16, 3)})
+    assert needs_old_log_probs(_Ctx(preset, **actor), batch) is needed
+
+
+def test_update_actor_refuses_several_steps_without_old_log_probs():
+    batch = Batch({"response_mask": torch.ones(16, 3)})
+    with pytest.raises(ValueError, match=r"no old_log_probs, but actor.ppo_epochs=2"):
+        update_actor(_Ctx(ppo_epochs=2), batch, ActorLoss())
+
+
+def test_grpo_without_a_kl_term_builds_no_reference(tmp_path, tiny_model_path):
+    assert PRESETS["grpo"].roles == ("reference",)  # the preset's KL loss needs one
+    trainer = make_trainer(
+        tmp_path,
+        tiny_model_path,
+        "grpo",
+        algorithm__use_kl_loss="false",
+        trainer__total_steps=1,
+        trainer__val_before_train=False,
+    )
+    try:
+        (record,) = [r for r in trainer.fit() if r["step"] > 0]
+        assert trainer.preset.roles == () and "reference" not in trainer.roles
+        assert trainer.ctx.reference is None
+    finally:
+        trainer.close()
+    assert "timing/ref_log_probs" not in record and "actor/kl_loss" not in record

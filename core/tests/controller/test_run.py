@@ -62,7 +62,6 @@ def test_a_run_writes_metrics_curves_checkpoint_and_a_summary(tmp_path, tiny_mod
         "actor/lr",
         "timing/generate",
         "timing/score",
-        "timing/old_log_probs",
         "timing/ref_log_probs",
         "timing/advantages",
         "timing/update_actor",
@@ -78,6 +77,7 @@ def test_a_run_writes_metrics_curves_checkpoint_and_a_summary(tmp_path, tiny_mod
     }
     for record in records[1:]:
         assert expected <= set(record), expected - set(record)
+        assert "timing/old_log_probs" not in record  # an on-policy update needs no separate pass
     assert "val/reward" in records[2] and "timing/save" in records[3]  # val_freq=2; saved at the end
     assert result.history == records
 

@@ -4,7 +4,9 @@ sampling.
 Dynamic sampling: a group whose responses all got the same reward has zero advantage and teaches
 nothing, so it is dropped, and more prompts are generated until the training batch holds
 ``data.train_batch_size`` groups with varied rewards, from at most ``filter_groups.max_num_gen_batches``
-generation batches (``dynamic_sampling/num_gen_batches`` counts them).
+generation batches (``dynamic_sampling/num_gen_batches`` counts them). Every round samples from the same
+weights, so the merged batch is as on-policy as one round's: the old-log-prob pass is skipped under the
+same conditions as GRPO's.
 """
 
 from __future__ import annotations
@@ -21,6 +23,7 @@ from rlcore.controller.flows.phases import (
     compute_old_log_probs,
     compute_ref_log_probs,
     generate,
+    needs_old_log_probs,
     score,
     sync_weights,
     update_actor,
@@ -111,7 +114,8 @@ class DAPO(Flow):
             batch = self.dynamic_sample(ctx, prompts)
         else:
             batch = self.generate_and_score(ctx, prompts)
-        batch = compute_old_log_probs(ctx, batch)
+        if needs_old_log_probs(ctx, batch):
+            batch = compute_old_log_probs(ctx, batch)
         if ctx.reference is not None:
             batch = compute_ref_log_probs(ctx, batch)
         batch = compute_advantages(ctx, batch)

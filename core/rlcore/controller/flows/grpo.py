@@ -17,6 +17,7 @@ from rlcore.controller.flows.phases import (
     compute_old_log_probs,
     compute_ref_log_probs,
     generate,
+    needs_old_log_probs,
     score,
     sync_weights,
     update_actor,
@@ -33,7 +34,8 @@ class GRPO(Flow):
     def step(self, ctx: StepContext, prompts: Batch) -> dict[str, float]:
         batch = generate(ctx, prompts)
         batch = score(ctx, batch)
-        batch = compute_old_log_probs(ctx, batch)
+        if needs_old_log_probs(ctx, batch):
+            batch = compute_old_log_probs(ctx, batch)
         if ctx.reference is not None:
             batch = compute_ref_log_probs(ctx, batch)
         batch = compute_advantages(ctx, batch)

@@ -12,7 +12,8 @@ phase                    adds                                        roles
                          response_mask, rollout_log_probs [B*n, .]``,
                          objects ``uid, response_text`` + prompt's
 ``score``                ``token_level_scores [B, R]``               reward provider (driver)
-``compute_old_log_probs`` ``old_log_probs [B, R]``                   actor
+``compute_old_log_probs`` ``old_log_probs [B, R]`` (skipped when     actor
+                         on-policy: :func:`needs_old_log_probs`)
 ``compute_ref_log_probs`` ``ref_log_prob [B, R]``                    reference
 ``compute_values``       ``values [B, R]``                           critic
 ``compute_advantages``   ``token_level_rewards, advantages,          (driver)
@@ -93,11 +94,36 @@ def score(ctx: StepContext, batch: Batch, *, phase: str = "score") -> Batch:
     return batch
 
 
+def update_is_one_step(ctx: StepContext, batch: Batch) -> bool:
+    """Whether :func:`update_actor` makes a single optimizer step over ``batch``: one epoch, one
+    mini-batch holding every row (micro-batches inside that step do not matter: the weights do not
+    change between them)."""
+    actor = ctx.config.actor
+    mini = actor.ppo_mini_batch_size
+    return actor.ppo_epochs == 1 and (mini is None or mini * ctx.config.rollout.n >= len(batch))
+
+
+def needs_old_log_probs(ctx: StepContext, batch: Batch) -> bool:
+    """Whether the step must run :func:`compute_old_log_probs` before updating on ``batch``.
+
+    Not when the update is on-policy (:func:`update_is_one_step`) and nothing reads old log-probs before
+    it (a KL penalty in the reward does): the weights are then the same in the pass and in the update's
+    forward, which computes the same function (train engines run no dropout, and both use the rollout's
+    temperature), so :class:`~rlcore.algorithms.losses.ActorLoss` takes that forward's detached
+    log-probs instead and one actor forward over the batch is saved. ``actor.recompute_old_log_probs:
+    always`` keeps the pass.
+    """
+    if ctx.config.actor.recompute_old_log_probs == "always" or ctx.preset.use_kl_in_reward:
+        return True
+    return not update_is_one_step(ctx, batch)
+
+
 def compute_old_log_probs(ctx: StepContext, batch: Batch) -> Batch:
     """``old_log_probs [B, R]``: the actor's log-probs of the sampled tokens before this step's update.
 
     Also records how far the rollout's own log-probs are from them (``rollout/logprob_diff_*``): the
-    same quantity the post-sync check measures, over the whole batch and for free.
+    same quantity the post-sync check measures, over the whole batch and for free. (When the pass is
+    skipped, the actor loss records ``rollout/logprob_diff_mean`` from the update's forward.)
     """
     with ctx.phase("old_log_probs"):
         ctx.memory.use("train")
@@ -180,7 +206,17 @@ def update_critic(ctx: StepContext, batch: Batch, loss) -> dict[str, float]:
 
 
 def update_actor(ctx: StepContext, batch: Batch, loss) -> dict[str, float]:
-    """``actor.ppo_epochs`` passes of the policy loss over the batch."""
+    """``actor.ppo_epochs`` passes of the policy loss over the batch. A batch without ``old_log_probs``
+    (:func:`needs_old_log_probs` said the pass was redundant) must make a single optimizer step: after
+    the first, the update's own log-probs are no longer the old policy's."""
+    if "old_log_probs" not in batch and not update_is_one_step(ctx, batch):
+        actor = ctx.config.actor
+        raise ValueError(
+            f"update_actor: the batch has no old_log_probs, but actor.ppo_epochs={actor.ppo_epochs} and "
+            f"actor.ppo_mini_batch_size={actor.ppo_mini_batch_size} (x rollout.n={ctx.config.rollout.n}) "
+            f"make several optimizer steps over its {len(batch)} rows; run compute_old_log_probs first "
+            "(needs_old_log_probs says when)"
+        )
     return _train(ctx, ctx.actor, batch, loss, ctx.config.actor.ppo_epochs, "update_actor")
 
 

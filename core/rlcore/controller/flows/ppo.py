@@ -18,6 +18,7 @@ from rlcore.controller.flows.phases import (
     compute_ref_log_probs,
     compute_values,
     generate,
+    needs_old_log_probs,
     score,
     sync_weights,
     update_actor,
@@ -39,7 +40,8 @@ class PPO(Flow):
     def step(self, ctx: StepContext, prompts: Batch) -> dict[str, float]:
         batch = generate(ctx, prompts)
         batch = score(ctx, batch)
-        batch = compute_old_log_probs(ctx, batch)
+        if needs_old_log_probs(ctx, batch):
+            batch = compute_old_log_probs(ctx, batch)
         if ctx.reference is not None:
             batch = compute_ref_log_probs(ctx, batch)
         batch = compute_values(ctx, batch)

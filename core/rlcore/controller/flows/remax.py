@@ -18,6 +18,7 @@ from rlcore.controller.flows.phases import (
     compute_old_log_probs,
     compute_ref_log_probs,
     generate,
+    needs_old_log_probs,
     score,
     sync_weights,
     update_actor,
@@ -43,7 +44,8 @@ class ReMax(Flow):
         batch = score(ctx, batch)
         n = len(batch) // len(prompts)
         batch.tensors["reward_baselines"] = torch.tensor([b for b in baselines for _ in range(n)])
-        batch = compute_old_log_probs(ctx, batch)
+        if needs_old_log_probs(ctx, batch):
+            batch = compute_old_log_probs(ctx, batch)
         if ctx.reference is not None:
             batch = compute_ref_log_probs(ctx, batch)
         batch = compute_advantages(ctx, batch)
