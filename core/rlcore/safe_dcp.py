@@ -20,6 +20,7 @@ loaded is not being written).
 
 from __future__ import annotations
 
+import enum
 import io
 import os
 import pickle
@@ -92,7 +93,18 @@ class _MetadataUnpickler(pickle.Unpickler):
         dtype = module == "torch" and isinstance(getattr(torch, name, None), torch.dtype)
         if (module, name) in self._allowed or dtype:
             return super().find_class(module, name)
+        if (module, name) == ("builtins", "getattr"):
+            # Some Python builds (Debian's 3.11.2) pickle an enum member as ``getattr(EnumClass, name)``;
+            # admit exactly that: a member lookup on an enum class that was itself admitted above.
+            return self._enum_member
         raise _refusal(self._source, f"it names {module}.{name}, which a DCP index does not hold")
+
+    def _enum_member(self, cls: Any, name: Any) -> Any:
+        if isinstance(cls, type) and issubclass(cls, enum.Enum) and name in cls.__members__:
+            return cls.__members__[name]
+        raise _refusal(
+            self._source, f"it calls getattr({cls!r}, {name!r}), which is not an enum member lookup"
+        )
 
 
 def load_metadata(file: IO[bytes], source: str, extra_globals: Iterable[tuple[str, str]] = ()) -> Metadata:

@@ -115,3 +115,32 @@ def test_a_file_that_is_not_an_index_is_refused(folder):
     (folder / ".metadata").write_bytes(b"not a pickle")
     with pytest.raises(UnsafeCheckpointError, match="it is not a DCP index"):
         check_folder(folder)
+
+
+class _EnumsByGetattr(pickle.Pickler):
+    """Pickles enum members as ``getattr(EnumClass, name)``, as Debian's Python 3.11.2 does."""
+
+    def reducer_override(self, obj):
+        import enum
+
+        if isinstance(obj, enum.Enum):
+            return getattr, (type(obj), obj.name)
+        return NotImplemented
+
+
+def test_an_index_with_enum_members_by_getattr_loads(folder):
+    """The index of a checkpoint written on Python 3.11.2 names ``builtins.getattr`` for its enums (CI
+    failed on it): member lookups on admitted enums load; any other getattr call is refused, not made."""
+    from rlcore.safe_dcp import load_metadata
+
+    metadata = check_folder(folder)
+    buffer = io.BytesIO()
+    _EnumsByGetattr(buffer).dump(metadata)
+    assert b"getattr" in buffer.getvalue()  # the index does hold enum members
+    loaded = load_metadata(io.BytesIO(buffer.getvalue()), "index")
+    assert loaded.state_dict_metadata == metadata.state_dict_metadata
+
+    # getattr(torch.Size, "__new__"): an admitted class, but not an enum member lookup.
+    forged = b"\x80\x04cbuiltins\ngetattr\nctorch\nSize\nX\x07\x00\x00\x00__new__\x86R."
+    with pytest.raises(UnsafeCheckpointError, match="not an enum member lookup"):
+        load_metadata(io.BytesIO(forged), "index")
