@@ -7,7 +7,8 @@ PY := $(VENV)/bin/python
 PIP := $(PY) -m pip install -q --no-compile -c constraints-cpu.txt
 STAMP := $(VENV)/.rlcore-setup
 PACKAGES := -e core -e plugins/fsdp -e 'plugins/vllm[cpu]' -e plugins/megatron -e plugins/sglang
-DEV := pytest pytest-benchmark pytest-timeout ruff tensorboard wandb mlflow-skinny
+# trl: the baseline of benchmarks/vs_trl_cpu.py, whose smoke test runs in `make test` (it must not skip).
+DEV := pytest pytest-benchmark pytest-timeout ruff tensorboard wandb mlflow-skinny trl
 
 .PHONY: setup demo test lint
 setup: $(STAMP)
