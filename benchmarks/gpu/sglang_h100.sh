@@ -1,0 +1,44 @@
+#!/usr/bin/env bash
+# rlcore-sglang on the lent GPU machine: its GPU tests and the SGLang rows of docs/benchmarks.md.
+#   bash benchmarks/gpu/sglang_h100.sh [stage ...]      (results and logs under $OUT, default /tmp/out)
+# Stages: unpack (the shipped bundle into /tmp/site, pytest beside it), setup (the project into /tmp/proj),
+# model (random Qwen2.5-0.5B-shaped model), tests (plugins/sglang/tests/test_engine_gpu.py on that model),
+# bench (benchmarks/sglang_gpu.py). Each step has a timeout well inside a call's 600 s; see README.md.
+set -uo pipefail
+OUT=${OUT:-/tmp/out}; mkdir -p "$OUT"
+# The project first (its entry points), then the bundle, whose transformers 5.12.1 (SGLang's pin) must
+# shadow the machine's 5.17.
+export PYTHONPATH=/tmp/proj:/tmp/site TOKENIZERS_PARALLELISM=false
+MODEL=/tmp/rlcore-bench-gpu/qwen2-0.5B
+step() { local name=$1 limit=$2; shift 2
+  echo "== $name: $*" | tee -a "$OUT/commands.txt"
+  timeout "$limit" "$@" > "$OUT/$name.log" 2>&1; echo "exit $?" >> "$OUT/$name.log"; tail -n 40 "$OUT/$name.log"; }
+for stage in "$@"; do case $stage in
+  unpack) if [ ! -d /tmp/site/sglang ]; then
+            mkdir -p /tmp/stage /tmp/site && cp .gpu/c*/part.* /tmp/stage/ 2>/dev/null
+            cat /tmp/stage/part.* | LD_LIBRARY_PATH=.gpu/tools .gpu/tools/zstd -d -q | tar -C /tmp/site -xf -
+          fi
+          python3 -c "import pytest" 2>/dev/null || python3 -m pip install -q --no-deps --no-index --target /tmp/site .gpu/extra/*.whl
+          ls /tmp/site | wc -l ;;
+  setup) python3 -m pip install -q --no-deps --no-index --no-build-isolation --target /tmp/proj ./core ./plugins/sglang \
+           ./plugins/fsdp > "$OUT/setup.log" 2>&1; echo "setup exit $?"
+         nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv | tee -a "$OUT/setup.log" ;;
+  model) step model 120 python3 -c "
+import sys, torch; sys.path.insert(0, 'benchmarks')
+from pathlib import Path
+from vllm_gpu import save_model
+Path('$MODEL').mkdir(parents=True, exist_ok=True); save_model(Path('$MODEL'), '0.5B', torch.device('cuda')); print('model ok')" ;;
+  tests) RLCORE_SGLANG_TEST_MODEL=$MODEL step tests 330 python3 -m pytest plugins/sglang/tests/test_engine_gpu.py \
+           -v -s -rA --junitxml="$OUT/tests.xml" ;;
+  tests-tiny) step tests-tiny 300 python3 -m pytest plugins/sglang/tests/test_engine_gpu.py -v -s -rA \
+           --junitxml="$OUT/tests-tiny.xml" ;;
+  bench) step bench 420 python3 benchmarks/sglang_gpu.py --batch 64 256 --new-tokens 256 --shape 0.5B \
+           --sync-shapes 0.5B 1.5B --bucket-mib 512 --repeats 3 --out "$OUT/sglang_gpu_h100.json" ;;
+  bench-fast) step bench-fast 300 python3 benchmarks/sglang_gpu.py --batch 64 256 --new-tokens 256 --shape 0.5B \
+           --sync-shapes 0.5B --bucket-mib 512 --repeats 3 --no-deterministic --out "$OUT/sglang_gpu_h100_nondet.json" ;;
+  throughput) step throughput 200 python3 benchmarks/sglang_gpu.py --batch 64 256 --new-tokens 256 --shape 0.5B \
+           --sync-shapes --repeats 9 --out "$OUT/sglang_gpu_h100_throughput.json" ;;
+  throughput-fast) step throughput-fast 220 python3 benchmarks/sglang_gpu.py --batch 64 256 --new-tokens 256 --shape 0.5B \
+           --sync-shapes --repeats 9 --no-deterministic --out "$OUT/sglang_gpu_h100_throughput_nondet.json" ;;
+  *) echo "unknown stage $stage"; exit 2 ;;
+esac; done
