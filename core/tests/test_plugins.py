@@ -75,6 +75,7 @@ def test_a_good_plugin_loads_and_registers(install):
     assert manager.plugins["rlcore.testing.plugin"].registers == {
         "train_engines": ["fake"],
         "rollout_engines": ["fake"],
+        "device_platforms": ["fake"],
     }
 
 

@@ -1,4 +1,9 @@
-"""Built-in device platforms: ``cpu`` (always) and ``cuda`` (NVIDIA)."""
+"""Built-in device platforms: ``cpu`` (always) and ``cuda`` (NVIDIA).
+
+Besides the facts, each answers the adapter hooks of :class:`~rlcore.api.DevicePlatform` (rollout
+environment, memory saver, IPC handles, attention, Ray's visible devices) for its device; a comment says
+why where the answer is not the default.
+"""
 
 from __future__ import annotations
 
@@ -33,6 +38,14 @@ class CPUPlatform(DevicePlatform):
         rss = psutil.Process().memory_info().rss
         return {"allocated_gib": rss / 2**30, "reserved_gib": rss / 2**30, "total_gib": vm.total / 2**30}
 
+    @classmethod
+    def explain(cls) -> str:
+        return "always available (the fallback when no accelerator platform is)"
+
+    # Adapter hooks keep their defaults: no rollout environment, no memory saver (vLLM-CPU's sleep frees
+    # nothing; host memory is the OS's to manage), no device IPC handles (CPU tensors cross processes
+    # through shared memory, which every transport already uses), SDPA attention.
+
 
 class CUDAPlatform(DevicePlatform):
     name = "cuda"
@@ -48,6 +61,22 @@ class CUDAPlatform(DevicePlatform):
 
         # ROCm builds of torch also answer torch.cuda; their platform plugin outranks this one.
         return torch.cuda.is_available() and torch.version.hip is None
+
+    @classmethod
+    def explain(cls) -> str:
+        import torch
+
+        if torch.version.hip is not None:
+            return f"torch {torch.__version__} is a ROCm build: the rocm platform serves it (pip install rlcore-rocm)"
+        if torch.version.cuda is None:
+            return (
+                f"torch {torch.__version__} is a CPU build; install a CUDA build of torch to use NVIDIA GPUs"
+            )
+        if not torch.cuda.is_available():
+            visible = os.environ.get(cls.visible_devices_env)
+            where = f" ({cls.visible_devices_env}={visible!r})" if visible is not None else ""
+            return f"torch {torch.__version__} (CUDA {torch.version.cuda}) sees no CUDA device{where}"
+        return f"{torch.cuda.device_count()} CUDA device(s), torch {torch.__version__} (CUDA {torch.version.cuda})"
 
     def device_count(self) -> int:
         import torch
@@ -79,6 +108,19 @@ class CUDAPlatform(DevicePlatform):
         import torch
 
         torch.cuda.synchronize()
+
+    def memory_saver_supported(self, engine: str) -> bool:
+        # vLLM's sleep mode (CuMemAllocator) and SGLang's torch_memory_saver are built on CUDA's virtual
+        # memory API, which every CUDA device since Pascal has; the engine still asks its own build.
+        return True
+
+    def ipc_handles_supported(self) -> bool:
+        return True  # CUDA IPC: torch.multiprocessing shares CUDA tensors by handle within a node
+
+    # rollout_env: vLLM and SGLang need nothing set on CUDA. attention_implementation: "sdpa", whose CUDA
+    # backend already dispatches to flash/memory-efficient kernels; "flash_attention_2" would need the
+    # separate flash-attn wheel. ray_visible_devices: the default, CUDA_VISIBLE_DEVICES=<Ray's ids>, is
+    # what Ray itself sets for its GPU resource on an NVIDIA node.
 
 
 @hookimpl

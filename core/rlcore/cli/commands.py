@@ -89,7 +89,7 @@ def _version(dist: str) -> str | None:
 def environment() -> dict[str, Any]:
     """What ``rlcore env`` reports: versions, plugins and devices."""
     from rlcore import __version__
-    from rlcore.devices import get_platform
+    from rlcore.devices import detection, get_platform
 
     packages = {
         name: _version(name)
@@ -122,6 +122,8 @@ def environment() -> dict[str, Any]:
                 var: os.environ.get(var)
                 for var in {"CUDA_VISIBLE_DEVICES", platform.visible_devices_env} - {None}
             },
+            # Every installed platform, highest priority first, with why it is (not) available.
+            "detection": detection(),
         },
     }
 
@@ -139,6 +141,11 @@ def cmd_env(args: Any) -> int:
         print(f"  {name:<16} {p['version']} ({p['status']})")
     d = data["device"]
     print(f"device: {d['platform']} x {d['device_count']}  visible: {d['visible_devices']}")
+    print("device platforms (highest priority first; auto picks the first available):")
+    for row in d["detection"]:
+        mark = "*" if row["chosen"] else " "
+        state = "available" if row["available"] else "no device"
+        print(f"  {mark} {row['name']:<10} priority {row['priority']:>4}  {state:<10} {row['why']}")
     return 0
 
 

@@ -27,6 +27,7 @@ from rlcore.controller.group import Pending, Topology, shards
 from rlcore.controller.placement import BUNDLE_INDICES_ENV, PoolSlot, ResourcePool, cluster_resource
 from rlcore.controller.wire import from_wire, to_wire
 from rlcore.controller.workers import RolloutWorker, TrainWorker, WorkerInfo, free_port, where_am_i
+from rlcore.devices import apply_ray_device_env
 from rlcore.terminal import LOG_DIR_ENV, redirect_output, worker_log_name
 
 #: Seconds the other ranks get to finish after one rank's method raised, before the group is presumed
@@ -61,6 +62,9 @@ class _RayHost:
     ) -> tuple[int, int, bool]:
         # torch.distributed's env:// rendezvous and some engines read these rather than DistInfo.
         os.environ.update(env)
+        # The platform's mapping of Ray's device ids to its visible-devices variables, before the worker
+        # chooses its platform (which starts the device runtime): LOCAL_RANK 0 relies on it.
+        apply_ray_device_env(kwargs.get("device", "auto"))
         self.worker = worker_cls(**kwargs)
         return self.worker.topology()
 

@@ -314,6 +314,9 @@ class RolloutWorker(Worker):
         self.num_replicas = num_replicas
         self.platform = get_platform(device)
         entry = registry("rollout_engines").entry(engine_name)
+        # Before the engine class is imported: engine libraries read their environment at import.
+        for key, value in self.platform.rollout_env(engine_name).items():
+            os.environ.setdefault(key, value)
         engine_cls = entry.load()
         self.engine = engine_cls(spec, _engine_config(entry, engine_cls, engine_config), self.platform)
 

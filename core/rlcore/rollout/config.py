@@ -20,5 +20,5 @@ class HFRolloutConfig:
     #: for the log-probs of one step, plus the KV cache of ``batch_size`` sequences.
     batch_size: int = attrs.field(default=64, validator=_positive)
     #: ``attn_implementation`` passed to ``from_pretrained`` (``"sdpa"``, ``"eager"``, ...); ``None``:
-    #: the transformers default.
+    #: the device platform's choice (``DevicePlatform.attention_implementation``; ``sdpa`` on CPU and CUDA).
     attn_implementation: str | None = None

@@ -62,9 +62,10 @@ class HFRollout(RolloutEngine):
             raise ValueError(f"rollout.dtype must be one of {', '.join(_DTYPES)}, got {spec.dtype!r}")
         self.device = _current_device(platform)
         self.tokenizer = AutoTokenizer.from_pretrained(spec.model_path)
-        kwargs = {"dtype": _DTYPES[spec.dtype]}
-        if config.attn_implementation is not None:
-            kwargs["attn_implementation"] = config.attn_implementation
+        kwargs = {
+            "dtype": _DTYPES[spec.dtype],
+            "attn_implementation": config.attn_implementation or platform.attention_implementation(),
+        }
         self.model = AutoModelForCausalLM.from_pretrained(spec.model_path, **kwargs).to(self.device).eval()
         self.eos_ids = _eos_ids(self.model.generation_config, self.tokenizer)
         pad = self.tokenizer.pad_token_id

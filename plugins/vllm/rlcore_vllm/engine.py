@@ -70,15 +70,19 @@ RELEASE_TAGS = ("weights", "kv_cache")
 _DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 
 
-def sleep_mode_supported() -> bool:
+def sleep_mode_supported(platform: DevicePlatform | None = None) -> bool:
     """Whether vLLM can free device memory on this machine (``LLM.sleep``/``wake_up``).
 
-    The one place the plugin asks about the hardware, and it asks vLLM's own platform (CUDA, ROCm and
-    XPU builds say yes; the CPU build's sleep does nothing). Where it says no, ``release`` and
-    ``resume`` keep their bookkeeping and checks but free nothing.
+    The one place the plugin asks about the hardware. It asks both sides and needs both to say yes: the
+    rlcore device platform (``memory_saver_supported("vllm")``: does the device and its driver support
+    it; the ROCm platform, say, answers per GPU generation) and vLLM's own platform (does this build of
+    vLLM implement it: CUDA, ROCm, XPU and vllm-ascend builds do; the CPU build's sleep does nothing).
+    Where either says no, ``release`` and ``resume`` keep their bookkeeping and checks but free nothing.
     """
     from vllm.platforms import current_platform
 
+    if platform is not None and not platform.memory_saver_supported("vllm"):
+        return False
     return bool(current_platform.is_sleep_mode_available())
 
 
@@ -95,7 +99,7 @@ class VLLMRollout(RolloutEngine):
         if spec.dtype not in _DTYPES:
             raise ValueError(f"rollout.dtype must be one of {', '.join(_DTYPES)}, got {spec.dtype!r}")
         self.dtype = _DTYPES[spec.dtype]
-        self.sleep_mode = sleep_mode_supported()
+        self.sleep_mode = sleep_mode_supported(self.platform)
         _THREADS.enter()
         try:
             self._loop = EngineLoop(lambda: _build_llm(spec, config, self.sleep_mode))
