@@ -6,7 +6,7 @@ PY := $(VENV)/bin/python
 # --no-compile: byte-compiling ~3.7 GB of packages is a third of the install; imports compile lazily.
 PIP := $(PY) -m pip install -q --no-compile -c constraints-cpu.txt
 STAMP := $(VENV)/.rlcore-setup
-PACKAGES := -e core -e plugins/fsdp -e 'plugins/vllm[cpu]' -e plugins/megatron -e plugins/sglang
+PACKAGES := -e core -e plugins/fsdp -e 'plugins/vllm[cpu]' -e plugins/megatron -e plugins/sglang -e plugins/rocm -e plugins/ascend
 # trl: the baseline of benchmarks/vs_trl_cpu.py, whose smoke test runs in `make test` (it must not skip).
 DEV := pytest pytest-benchmark pytest-timeout ruff tensorboard wandb mlflow-skinny trl
 

@@ -1,0 +1,1 @@
+"""rlcore-ascend: the ``ascend`` device platform (torch_npu, HCCL) and the ``hccl`` weight transport."""
