@@ -40,5 +40,11 @@ Path('$MODEL').mkdir(parents=True, exist_ok=True); save_model(Path('$MODEL'), '0
            --sync-shapes --repeats 9 --out "$OUT/sglang_gpu_h100_throughput.json" ;;
   throughput-fast) step throughput-fast 220 python3 benchmarks/sglang_gpu.py --batch 64 256 --new-tokens 256 --shape 0.5B \
            --sync-shapes --repeats 9 --no-deterministic --out "$OUT/sglang_gpu_h100_throughput_nondet.json" ;;
+  train-fsdp) # The default demo (GRPO, copy_word task, tiny model) with SGLang as the rollout, colocated on one GPU.
+         rm -rf runs/sglang-fsdp
+         step train-fsdp 420 python3 -c "import sys; from rlcore.cli.main import main; sys.exit(main())" train \
+           --engine fsdp --rollout sglang trainer.total_steps=15 trainer.experiment_name=sglang-fsdp
+         cp runs/sglang-fsdp/metrics.jsonl "$OUT/train_fsdp_sglang.metrics.jsonl" 2>/dev/null
+         tar -C runs/sglang-fsdp -czf "$OUT/train_fsdp_sglang_logs.tgz" logs config.yaml 2>/dev/null ;;
   *) echo "unknown stage $stage"; exit 2 ;;
 esac; done
