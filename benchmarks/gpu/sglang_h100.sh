@@ -21,7 +21,7 @@ for stage in "$@"; do case $stage in
           python3 -c "import pytest" 2>/dev/null || python3 -m pip install -q --no-deps --no-index --target /tmp/site .gpu/extra/*.whl
           ls /tmp/site | wc -l ;;
   setup) python3 -m pip install -q --no-deps --no-index --no-build-isolation --target /tmp/proj ./core ./plugins/sglang \
-           ./plugins/fsdp > "$OUT/setup.log" 2>&1; echo "setup exit $?"
+           ./plugins/fsdp ./plugins/megatron > "$OUT/setup.log" 2>&1; echo "setup exit $?"
          nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv | tee -a "$OUT/setup.log" ;;
   model) step model 120 python3 -c "
 import sys, torch; sys.path.insert(0, 'benchmarks')
@@ -46,5 +46,11 @@ Path('$MODEL').mkdir(parents=True, exist_ok=True); save_model(Path('$MODEL'), '0
            --engine fsdp --rollout sglang trainer.total_steps=15 trainer.experiment_name=sglang-fsdp
          cp runs/sglang-fsdp/metrics.jsonl "$OUT/train_fsdp_sglang.metrics.jsonl" 2>/dev/null
          tar -C runs/sglang-fsdp -czf "$OUT/train_fsdp_sglang_logs.tgz" logs config.yaml 2>/dev/null ;;
+  train-megatron) # The headline command: the same run with the Megatron engine (TP=1 on this one GPU).
+         rm -rf runs/sglang-megatron
+         step train-megatron 420 python3 -c "import sys; from rlcore.cli.main import main; sys.exit(main())" train \
+           --engine megatron --rollout sglang trainer.total_steps=15 trainer.experiment_name=sglang-megatron
+         cp runs/sglang-megatron/metrics.jsonl "$OUT/train_megatron_sglang.metrics.jsonl" 2>/dev/null
+         tar -C runs/sglang-megatron -czf "$OUT/train_megatron_sglang_logs.tgz" logs config.yaml error.log 2>/dev/null ;;
   *) echo "unknown stage $stage"; exit 2 ;;
 esac; done
