@@ -52,5 +52,12 @@ Path('$MODEL').mkdir(parents=True, exist_ok=True); save_model(Path('$MODEL'), '0
            --engine megatron --rollout sglang trainer.total_steps=15 trainer.experiment_name=sglang-megatron
          cp runs/sglang-megatron/metrics.jsonl "$OUT/train_megatron_sglang.metrics.jsonl" 2>/dev/null
          tar -C runs/sglang-megatron -czf "$OUT/train_megatron_sglang_logs.tgz" logs config.yaml error.log 2>/dev/null ;;
+  train-megatron-tp2) # On 2 GPUs: the Megatron trainer at TP=2, SGLang colocated on the first GPU.
+         rm -rf runs/sglang-megatron-tp2
+         step train-megatron-tp2 420 python3 -c "import sys; from rlcore.cli.main import main; sys.exit(main())" train \
+           --engine megatron --rollout sglang actor.world_size=2 megatron.tensor_model_parallel_size=2 \
+           trainer.total_steps=15 trainer.experiment_name=sglang-megatron-tp2
+         cp runs/sglang-megatron-tp2/metrics.jsonl "$OUT/train_megatron_tp2_sglang.metrics.jsonl" 2>/dev/null
+         tar -C runs/sglang-megatron-tp2 -czf "$OUT/train_megatron_tp2_sglang_logs.tgz" logs config.yaml error.log 2>/dev/null ;;
   *) echo "unknown stage $stage"; exit 2 ;;
 esac; done
