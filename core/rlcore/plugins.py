@@ -14,7 +14,9 @@ process (the driver and each Ray worker) loads plugins on first use of :func:`re
 A plugin that loads but cannot work on this machine (its engine library is absent, say) may define
 ``plugin_status() -> str | None`` in its entry-point module: ``None`` when ready, else one line saying
 what is missing and what to do, which ``rlcore plugins`` shows as the plugin's ``note``. It must stay
-cheap (no engine import); an exception in it becomes the note.
+cheap (no engine import); an exception in it becomes the note. A note beginning ``no device:`` (a device
+platform plugin on a machine without its hardware) also sets the plugin's status to ``no device``: its
+names are registered, but auto-detection will not pick it here.
 """
 
 from __future__ import annotations
@@ -71,13 +73,17 @@ class PluginInfo:
     distribution: str | None
     version: str | None
     module: str
-    status: str  # "loaded" | "failed" | "blocked" | "not selected"
+    status: str  # "loaded" | "no device" | "failed" | "blocked" | "not selected"
     error: str | None = None
     builtin: bool = False
     #: What a loaded plugin's ``plugin_status()`` said is missing on this machine (``None``: ready).
     note: str | None = None
     #: registry key -> names this plugin registered
     registers: dict[str, list[str]] = attrs.field(factory=dict)
+
+
+#: Status of a loaded device plugin whose hardware this machine lacks (see the module docstring).
+NO_DEVICE = "no device"
 
 
 class PluginError(RuntimeError):
@@ -143,6 +149,8 @@ class PluginManager:
                 self._fail(info, exc)
                 continue
             info.note = _status_note(module)
+            if info.note and info.note.startswith(NO_DEVICE + ":"):
+                info.status = NO_DEVICE
 
     def _fail(self, info: PluginInfo, exc: BaseException) -> None:
         """Record ``exc`` for ``info`` and take back everything the plugin registered."""
