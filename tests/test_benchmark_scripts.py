@@ -1,13 +1,15 @@
-"""The GPU benchmark scripts stay runnable: their CPU smoke modes (tiny model, gloo) run end to end.
+"""The benchmark scripts stay runnable: their CPU smoke modes (tiny model, gloo, tiny sizes) run end to end.
 
-Their GPU numbers live in docs/benchmarks.md; this only guards the scripts against rot (a renamed engine
-option, a changed batch layout), checking that every system produced a timed row.
+Their numbers live in docs/benchmarks.md; this only guards the scripts against rot (a renamed engine
+option, a changed batch layout, a renamed TRL setting), checking that every system produced a timed row.
 """
 
 import json
 import subprocess
 import sys
 from pathlib import Path
+
+import pytest
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -42,3 +44,24 @@ def test_logits_kernels_smoke_checks_every_variant_against_float64(tmp_path):
     # bf16 logits, fp32 statistics: far below bf16's own rounding of the logits (3 * 2**-8 at |z| ~ 3)
     for r in measured:
         assert r["max_err"] < (1e-4 if r["kernel"] == "statistics" else 2e-2), r
+
+
+@pytest.mark.slow
+def test_vs_trl_cpu_tiny_runs_trl_and_rlcore_and_pairs_their_step_times(tmp_path):
+    # TRL is a benchmark dependency that `make setup` installs, so this never skips: the comparison
+    # with TRL's GRPOTrainer is the one that rots first when either side renames a setting.
+    out = tmp_path / "out"
+    cmd = [sys.executable, "benchmarks/vs_trl_cpu.py", "--sizes", "tiny", "--steps", "2", "--repeats", "1"]
+    cmd += ["--systems", "trl", "rlcore-hf", "--out-dir", str(out), "--work-dir", str(tmp_path / "work")]
+    done = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=600)
+    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
+    record = json.loads((out / "tiny.json").read_text())
+    assert sorted(r["system"] for r in record["runs"]) == ["rlcore-hf", "trl"]
+    for run in record["runs"]:
+        assert run["error"] is None, run
+        assert [s["step"] for s in run["per_step"]] == [1, 2]
+        assert all(s["s"] > 0 and 0 <= s["reward"] <= 1 for s in run["per_step"])
+        # the rlcore tree is the driver plus Ray's processes: far above one process's memory
+        assert run["peak_rss_bytes"] > (1 << 30 if run["system"] == "rlcore-hf" else 100 << 20)
+    assert record["summary"]["rlcore-hf"]["ratio_to_trl"] > 0
+    assert (out / "tiny-rewards.png").stat().st_size > 0
