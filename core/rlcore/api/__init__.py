@@ -21,6 +21,9 @@ _EXPORTS = {
     "TrainEngine": "rlcore.api.train_engine",
     "WeightBucket": "rlcore.api.train_engine",
     "WeightTransport": "rlcore.api.weight_transport",
+    "check_prompts": "rlcore.api.requests",
+    "check_sampling": "rlcore.api.requests",
+    "request_seeds": "rlcore.api.requests",
     "place_sequence_scores": "rlcore.api.reward",
 }
 

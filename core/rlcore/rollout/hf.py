@@ -37,7 +37,16 @@ from transformers import (
     TopPLogitsWarper,
 )
 
-from rlcore.api import Completion, DevicePlatform, RolloutEngine, RolloutSpec, SamplingParams, WeightBucket
+from rlcore.api import (
+    Completion,
+    DevicePlatform,
+    RolloutEngine,
+    RolloutSpec,
+    SamplingParams,
+    WeightBucket,
+    check_prompts,
+    check_sampling,
+)
 from rlcore.rollout.config import HFRolloutConfig
 from rlcore.rollout.stopping import StopStrings, finish_response
 from rlcore.weights import assemble
@@ -83,8 +92,11 @@ class HFRollout(RolloutEngine):
 
     # -- generation ------------------------------------------------------------------------------
     def generate(self, prompts: Sequence[Sequence[int]], params: SamplingParams) -> list[list[Completion]]:
-        _check_sampling(params)
-        rows = [p for p in self._check_prompts(prompts) for _ in range(params.n)]
+        check_sampling(params)
+        checked = check_prompts(
+            prompts, params, vocab_size=self.vocab_size, max_model_len=self.spec.max_model_len, engine="hf"
+        )
+        rows = [p for p in checked for _ in range(params.n)]
         with self._lock:
             if "weights" in self._released:
                 raise RuntimeError(
@@ -112,7 +124,6 @@ class HFRollout(RolloutEngine):
         for i, row in enumerate(rows):
             input_ids[i, width - len(row) :] = torch.tensor(row)
             attention_mask[i, width - len(row) :] = 1
-        caps = [min(params.max_tokens, self.spec.max_model_len - len(r)) for r in rows]
         greedy = params.temperature == 0
         recorder = _LogProbRecorder(1.0 if greedy else params.temperature)
         processors = LogitsProcessorList([recorder])
@@ -126,7 +137,7 @@ class HFRollout(RolloutEngine):
             if params.top_p < 1.0:
                 processors.append(TopPLogitsWarper(params.top_p))
         gen_config = GenerationConfig(
-            max_new_tokens=max(caps),
+            max_new_tokens=params.max_tokens,  # check_prompts made sure it fits max_model_len
             do_sample=not greedy,
             num_beams=1,
             eos_token_id=self.eos_ids,
@@ -153,7 +164,7 @@ class HFRollout(RolloutEngine):
                 eos_ids=self.eos_ids,
                 stop=params.stop,
                 decode=self._decode,
-                max_len=caps[i],
+                max_len=params.max_tokens,
             )
             completions.append(
                 Completion(
@@ -168,27 +179,6 @@ class HFRollout(RolloutEngine):
 
     def _decode(self, token_ids: Sequence[int]) -> str:
         return self.tokenizer.decode(token_ids, skip_special_tokens=True)
-
-    def _check_prompts(self, prompts: Sequence[Sequence[int]]) -> list[list[int]]:
-        checked = []
-        for i, prompt in enumerate(prompts):
-            ids = [int(t) for t in prompt]
-            if not ids:
-                raise ValueError(f"hf rollout: prompt {i} is empty; every prompt needs at least one token")
-            if len(ids) >= self.spec.max_model_len:
-                raise ValueError(
-                    f"hf rollout: prompt {i} has {len(ids)} tokens, leaving no room to generate within "
-                    f"rollout.max_model_len={self.spec.max_model_len}; shorten it (data.max_prompt_length) "
-                    f"or raise max_model_len"
-                )
-            bad = [t for t in ids if not 0 <= t < self.vocab_size]
-            if bad:
-                raise ValueError(
-                    f"hf rollout: prompt {i} has token id {bad[0]} outside the model's vocabulary "
-                    f"[0, {self.vocab_size}); was it tokenized with another tokenizer?"
-                )
-            checked.append(ids)
-        return checked
 
     @contextlib.contextmanager
     def _seeded(self, seed: int) -> Iterator[None]:
@@ -318,15 +308,6 @@ def _eos_ids(generation_config: GenerationConfig, tokenizer) -> list[int]:
     if not ids:
         raise ValueError("hf rollout: the model declares no eos token (generation_config or tokenizer)")
     return ids
-
-
-def _check_sampling(params: SamplingParams) -> None:
-    if params.temperature < 0:
-        raise ValueError(f"sampling.temperature must be >= 0 (0 is greedy), got {params.temperature}")
-    if not 0 < params.top_p <= 1:
-        raise ValueError(f"sampling.top_p must be in (0, 1], got {params.top_p}")
-    if params.top_k < -1:
-        raise ValueError(f"sampling.top_k must be -1 or 0 (off) or a positive count, got {params.top_k}")
 
 
 def _check_tags(tags: Sequence[str]) -> set[str]:

@@ -134,11 +134,12 @@ def test_max_tokens_and_max_model_len(engine, prompts, tiny_model):
     (c,) = engine.generate([prompts[0]], SamplingParams(temperature=0, max_tokens=5))[0]
     assert len(c.token_ids) == 5 and c.finish_reason == "length"
     assert len(c.log_probs) == 5
+    # Like vLLM and SGLang (rlcore.api.check_prompts): a request that cannot fit is refused, not cut short.
     short = make_engine(tiny_model, max_model_len=len(prompts[0]) + 3)
-    (c,) = short.generate([prompts[0]], SamplingParams(temperature=0, max_tokens=5))[0]
+    (c,) = short.generate([prompts[0]], SamplingParams(temperature=0, max_tokens=3))[0]
     assert len(c.token_ids) == 3 and c.finish_reason == "length"
-    with pytest.raises(ValueError, match="max_model_len"):
-        short.generate([prompts[2]], SamplingParams(max_tokens=5))
+    with pytest.raises(ValueError, match=r"hf rollout: prompt 0 .*max_tokens=5.*at most 3 new tokens fit"):
+        short.generate([prompts[0]], SamplingParams(max_tokens=5))
 
 
 def first_containing(tokenizer, tokens, stop):

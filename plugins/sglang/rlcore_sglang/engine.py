@@ -31,13 +31,23 @@ from collections.abc import Iterable, Iterator, Sequence
 from typing import Any
 
 import torch
-from rlcore.api import Completion, DevicePlatform, RolloutEngine, RolloutSpec, SamplingParams, WeightBucket
+from rlcore.api import (
+    Completion,
+    DevicePlatform,
+    RolloutEngine,
+    RolloutSpec,
+    SamplingParams,
+    WeightBucket,
+    check_prompts,
+    check_sampling,
+    request_seeds,
+)
 
 from rlcore_sglang.config import SGLangConfig
 from rlcore_sglang.engine_loop import EngineLoop
 from rlcore_sglang.memory import RELEASE_TAGS, MemoryTags
 from rlcore_sglang.plugin import INSTALL_HINT
-from rlcore_sglang.sampling import check_prompts, check_sampling, request_seeds, to_completion, to_sglang
+from rlcore_sglang.sampling import to_completion, to_sglang
 from rlcore_sglang.weight_stream import ModelWeights, PackedBucket, WeightStreamError, checked_tensors, pack
 
 log = logging.getLogger(__name__)
@@ -173,7 +183,9 @@ class SGLangRollout(RolloutEngine):
                 "sglang rollout: sampling seeds are not honoured with sglang.deterministic_inference=false "
                 "(SGLang then samples from its engine-wide generator); set it to true to reproduce samples"
             )
-        return check_prompts(prompts, params, vocab_size=self.vocab_size, max_model_len=self.max_model_len)
+        return check_prompts(
+            prompts, params, vocab_size=self.vocab_size, max_model_len=self.max_model_len, engine="sglang"
+        )
 
     # -- weights ---------------------------------------------------------------------------------
     def load_weights(self, buckets: Iterable[WeightBucket]) -> None:

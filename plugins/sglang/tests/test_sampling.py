@@ -2,8 +2,8 @@
 SGLang takes and returns plain dicts; the results below have the shape its ``async_generate`` returns)."""
 
 import pytest
-from rlcore.api import SamplingParams
-from rlcore_sglang.sampling import check_prompts, check_sampling, request_seeds, to_completion, to_sglang
+from rlcore.api import SamplingParams, request_seeds
+from rlcore_sglang.sampling import to_completion, to_sglang
 
 
 def result(ids, logprobs, reason, text="", rid="rlcore-x-0"):
@@ -69,26 +69,3 @@ def test_aborted_and_inconsistent_results_raise():
     missing = result([7, 8], None, {"type": "length"})
     with pytest.raises(RuntimeError, match="returned 2 tokens but none log-probs"):
         to_completion([5], missing, want_log_probs=True)
-
-
-def test_prompt_and_sampling_checks():
-    params = SamplingParams(max_tokens=20)
-    with pytest.raises(
-        ValueError, match=r"prompt 1 has 500 tokens.*max_tokens=20.*at most 12 new tokens fit"
-    ):
-        check_prompts([[5], [4] * 500], params, vocab_size=1000, max_model_len=512)
-    with pytest.raises(ValueError, match=r"token id 1000 outside the model's vocabulary \[0, 1000\)"):
-        check_prompts([[5, 1000]], params, vocab_size=1000, max_model_len=512)
-    with pytest.raises(ValueError, match="prompt 0 is empty"):
-        check_prompts([[]], params, vocab_size=1000, max_model_len=512)
-    with pytest.raises(TypeError, match="wrap a single prompt"):
-        check_prompts([5, 6], params, vocab_size=1000, max_model_len=512)
-    assert check_prompts([(5, 6)], params, vocab_size=1000, max_model_len=512) == [[5, 6]]
-    for bad, key in [
-        (SamplingParams(top_p=0.0), "sampling.top_p"),
-        (SamplingParams(temperature=-1.0), "sampling.temperature"),
-        (SamplingParams(top_k=-2), "sampling.top_k"),
-        (SamplingParams(stop=("",)), "sampling.stop"),
-    ]:
-        with pytest.raises(ValueError, match=key):
-            check_sampling(bad)

@@ -27,12 +27,22 @@ from concurrent.futures import Future
 from typing import Any
 
 import torch
-from rlcore.api import Completion, DevicePlatform, RolloutEngine, RolloutSpec, SamplingParams, WeightBucket
+from rlcore.api import (
+    Completion,
+    DevicePlatform,
+    RolloutEngine,
+    RolloutSpec,
+    SamplingParams,
+    WeightBucket,
+    check_prompts,
+    check_sampling,
+    request_seeds,
+)
 
 from rlcore_vllm import memory
 from rlcore_vllm.config import VLLMConfig
 from rlcore_vllm.engine_loop import EngineLoop
-from rlcore_vllm.sampling import check_prompts, check_sampling, request_seeds, to_completion, to_vllm
+from rlcore_vllm.sampling import to_completion, to_vllm
 from rlcore_vllm.weight_stream import ModelWeights, StreamFilter
 from rlcore_vllm.worker import EXTENSION
 
@@ -172,7 +182,9 @@ class VLLMRollout(RolloutEngine):
                 f"vllm rollout: sleep level {self.config.sleep_level} discarded the weights; call "
                 f"load_weights after resume and before generating"
             )
-        return check_prompts(prompts, params, vocab_size=self.vocab_size, max_model_len=self.max_model_len)
+        return check_prompts(
+            prompts, params, vocab_size=self.vocab_size, max_model_len=self.max_model_len, engine="vllm"
+        )
 
     # -- weights ---------------------------------------------------------------------------------
     def load_weights(self, buckets: Iterable[WeightBucket]) -> None:

@@ -6,7 +6,7 @@ One rlcore request for ``n`` samples becomes ``n`` vLLM requests of one sample e
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Mapping
 from typing import Any
 
 import attrs
@@ -35,55 +35,6 @@ def sampling_params_from_dict(values: Mapping[str, Any], where: str = "sampling"
     elif stop is not None:
         kwargs["stop"] = tuple(stop)
     return SamplingParams(**kwargs)
-
-
-def check_sampling(params: SamplingParams) -> None:
-    """Reject settings vLLM would refuse deep inside a request, with the key named."""
-    if params.temperature < 0:
-        raise ValueError(f"sampling.temperature must be >= 0 (0 is greedy), got {params.temperature}")
-    if not 0 < params.top_p <= 1:
-        raise ValueError(f"sampling.top_p must be in (0, 1], got {params.top_p}")
-    if params.top_k < -1:
-        raise ValueError(f"sampling.top_k must be -1 or 0 (off) or a positive count, got {params.top_k}")
-    if any(not isinstance(s, str) or not s for s in params.stop):
-        raise ValueError(f"sampling.stop must hold non-empty strings, got {params.stop!r}")
-
-
-def check_prompts(
-    prompts: Sequence[Sequence[int]], params: SamplingParams, *, vocab_size: int, max_model_len: int
-) -> list[list[int]]:
-    """Prompts as lists of ints; each must be non-empty, in the vocabulary, and leave room for
-    ``params.max_tokens`` new tokens within ``max_model_len`` (vLLM would silently stop short)."""
-    if isinstance(prompts, str | bytes) or (prompts and isinstance(prompts[0], int)):
-        raise TypeError("generate takes a list of prompts, each a list of token ids; wrap a single prompt")
-    checked = []
-    for i, prompt in enumerate(prompts):
-        ids = [int(t) for t in prompt]
-        if not ids:
-            raise ValueError(f"vllm rollout: prompt {i} is empty; every prompt needs at least one token")
-        bad = next((t for t in ids if not 0 <= t < vocab_size), None)
-        if bad is not None:
-            raise ValueError(
-                f"vllm rollout: prompt {i} has token id {bad} outside the model's vocabulary [0, {vocab_size}); "
-                f"was it tokenized with another tokenizer?"
-            )
-        if len(ids) + params.max_tokens > max_model_len:
-            raise ValueError(
-                f"vllm rollout: prompt {i} has {len(ids)} tokens, so sampling.max_tokens={params.max_tokens} "
-                f"would run past rollout.max_model_len={max_model_len} (at most {max_model_len - len(ids)} "
-                f"new tokens fit); lower max_tokens, shorten the prompt (data.max_prompt_length), or raise "
-                f"max_model_len"
-            )
-        checked.append(ids)
-    return checked
-
-
-def request_seeds(params: SamplingParams, prompt_index: int) -> list[int | None]:
-    """Seeds of the ``n`` samples of prompt ``prompt_index``: ``seed + prompt_index * n + j``, so that no
-    two samples of a call share a random stream; ``None`` without a seed (vLLM's engine-seeded RNG)."""
-    if params.seed is None:
-        return [None] * params.n
-    return [params.seed + prompt_index * params.n + j for j in range(params.n)]
 
 
 def to_vllm(params: SamplingParams, seed: int | None):

@@ -1,0 +1,71 @@
+"""Checks every rollout engine makes on a request before its engine sees it, and how ``n`` samples of a
+prompt are seeded. Shared so that vLLM, SGLang and the HF rollout refuse the same input with the same
+message (naming the engine and the key to change) and draw the same seeds.
+
+>>> from rlcore.api import SamplingParams
+>>> check_prompts([[5, 6], (7,)], SamplingParams(max_tokens=4), vocab_size=10, max_model_len=8, engine="hf")
+[[5, 6], [7]]
+>>> request_seeds(SamplingParams(n=2, seed=100), prompt_index=3)
+[106, 107]
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+from rlcore.api.rollout_engine import SamplingParams
+
+
+def check_sampling(params: SamplingParams) -> None:
+    """Reject settings an engine would refuse deep inside a request, with the key named."""
+    if params.temperature < 0:
+        raise ValueError(f"sampling.temperature must be >= 0 (0 is greedy), got {params.temperature}")
+    if not 0 < params.top_p <= 1:
+        raise ValueError(f"sampling.top_p must be in (0, 1], got {params.top_p}")
+    if params.top_k < -1:
+        raise ValueError(f"sampling.top_k must be -1 or 0 (off) or a positive count, got {params.top_k}")
+    if any(not isinstance(s, str) or not s for s in params.stop):
+        raise ValueError(f"sampling.stop must hold non-empty strings, got {params.stop!r}")
+
+
+def check_prompts(
+    prompts: Sequence[Sequence[int]],
+    params: SamplingParams,
+    *,
+    vocab_size: int,
+    max_model_len: int,
+    engine: str,
+) -> list[list[int]]:
+    """Prompts as lists of ints; each must be non-empty, in the vocabulary, and leave room for
+    ``params.max_tokens`` new tokens within ``max_model_len`` (engines would silently stop short).
+    ``engine`` names the rollout in messages (``"vllm"``)."""
+    if isinstance(prompts, str | bytes) or (prompts and isinstance(prompts[0], int)):
+        raise TypeError("generate takes a list of prompts, each a list of token ids; wrap a single prompt")
+    checked = []
+    for i, prompt in enumerate(prompts):
+        ids = [int(t) for t in prompt]
+        if not ids:
+            raise ValueError(f"{engine} rollout: prompt {i} is empty; every prompt needs at least one token")
+        bad = next((t for t in ids if not 0 <= t < vocab_size), None)
+        if bad is not None:
+            raise ValueError(
+                f"{engine} rollout: prompt {i} has token id {bad} outside the model's vocabulary "
+                f"[0, {vocab_size}); was it tokenized with another tokenizer?"
+            )
+        if len(ids) + params.max_tokens > max_model_len:
+            raise ValueError(
+                f"{engine} rollout: prompt {i} has {len(ids)} tokens, so sampling.max_tokens={params.max_tokens} "
+                f"would run past rollout.max_model_len={max_model_len} (at most {max_model_len - len(ids)} "
+                f"new tokens fit); lower max_tokens, shorten the prompt (data.max_prompt_length), or raise "
+                f"max_model_len"
+            )
+        checked.append(ids)
+    return checked
+
+
+def request_seeds(params: SamplingParams, prompt_index: int) -> list[int | None]:
+    """Seeds of the ``n`` samples of prompt ``prompt_index``: ``seed + prompt_index * n + j``, so that no
+    two samples of a call share a random stream; ``None`` without a seed (the engine's own RNG)."""
+    if params.seed is None:
+        return [None] * params.n
+    return [params.seed + prompt_index * params.n + j for j in range(params.n)]
