@@ -7,6 +7,7 @@ import json
 import os
 import platform as pyplatform
 import sys
+import warnings
 from typing import Any
 
 import attrs
@@ -34,17 +35,21 @@ def cmd_train(args: Any) -> int:
         args.overrides = [*args.overrides, f"trainer.ray_address={args.ray_address}"]
     if args.verbose:
         args.overrides = [*args.overrides, "trainer.log_level=info"]
-    config = _load(args)
-    from rlcore.controller.preflight import check_run
-    from rlcore.controller.run import run_training
+    # Importing the selected plugins' libraries warns (megatron-core: "Transformer Engine and Apex are not
+    # installed") before the run directory, and so its logs folder, exists: keep those warnings for it.
+    with warnings.catch_warnings(record=True) as early:
+        warnings.simplefilter("default")
+        config = _load(args)
+        from rlcore.controller.preflight import check_run
+        from rlcore.controller.run import run_training
 
-    # Everything checkable without starting engines fails here, before the run directory exists.
-    try:
-        check_run(config)
-    except ConfigError as exc:
-        raise UserError(str(exc)) from None
+        # Everything checkable without starting engines fails here, before the run directory exists.
+        try:
+            check_run(config)
+        except ConfigError as exc:
+            raise UserError(str(exc)) from None
 
-    result = run_training(config)
+    result = run_training(config, early_warnings=early)
     return 0 if result.ok else 1
 
 

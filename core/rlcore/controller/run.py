@@ -18,7 +18,8 @@ import contextlib
 import os
 import time
 import traceback
-from collections.abc import Iterator
+import warnings
+from collections.abc import Iterator, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -139,16 +140,18 @@ def prepare_run(config: Any) -> tuple[Any, Path, str]:
 
 
 # -- the run ---------------------------------------------------------------------------------------
-def run_training(config: Any, *, console: Any = None) -> RunResult:
+def run_training(config: Any, *, console: Any = None, early_warnings: Sequence[Any] = ()) -> RunResult:
     """Train as ``config`` says; print a summary; never raise for a failed run (see :class:`RunResult`).
 
     With ``trainer.log_level: quiet`` the run's own lines go to ``console`` (default: the terminal) and
-    all other output of this process and the workers to ``<run dir>/logs/`` (:mod:`rlcore.terminal`)."""
+    all other output of this process and the workers to ``<run dir>/logs/`` (:mod:`rlcore.terminal`).
+    ``early_warnings`` (``warnings.WarningMessage``) were caught before the run began (plugin imports)
+    and are shown where the run's other library output goes."""
     with contextlib.ExitStack() as stack:
-        return _run(config, console, stack)
+        return _run(config, console, stack, early_warnings)
 
 
-def _run(config: Any, console: Any, stack: contextlib.ExitStack) -> RunResult:
+def _run(config: Any, console: Any, stack: contextlib.ExitStack, early_warnings: Sequence[Any]) -> RunResult:
     from rich.console import Console
 
     from rlcore.controller import checkpoint as ckpt
@@ -163,6 +166,8 @@ def _run(config: Any, console: Any, stack: contextlib.ExitStack) -> RunResult:
     try:
         config, result.run_dir, text = prepare_run(config)
         terminal = stack.enter_context(run_output(result.run_dir, config.trainer.log_level))
+        for w in early_warnings:
+            warnings.showwarning(w.message, w.category, w.filename, w.lineno)
         console = console or Console(file=terminal)  # file=None: the terminal, when not quiet
         console.print(f"[bold]rlcore[/bold] {config.algorithm.name} run in {result.run_dir}", highlight=False)
         if terminal is not None:
