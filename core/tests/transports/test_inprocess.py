@@ -17,8 +17,8 @@ _spec.loader.exec_module(streams)
 
 def test_registered_transports():
     names = registry("weight_transports").names()
-    assert names == ["broadcast", "inprocess", "ray"]
-    for name in names:
+    assert {"broadcast", "inprocess", "ray"} <= set(names)  # core's own; plugins may add (hccl)
+    for name in ("broadcast", "inprocess", "ray"):
         entry = registry("weight_transports").entry(name)
         assert entry.options["config"] is TransportConfig
         assert entry.plugin == "rlcore.builtin.transports"
