@@ -74,6 +74,12 @@ class _Micro:
     aligned: Aligned
 
 
+#: Set on ``torch.cuda`` by this plugin's test redirect (``tests/mcore_cpu_redirect.py``), which runs
+#: megatron-core on the CPU for CI; without it a CPU device is refused up front instead of failing deep in
+#: megatron-core with "Torch not compiled with CUDA enabled".
+CPU_REDIRECT_FLAG = "rlcore_megatron_cpu_redirect"
+
+
 class MegatronEngine(TrainEngine):
     """megatron-core train engine: ``MegatronEngine(spec, config, platform, dist)``.
 
@@ -94,6 +100,12 @@ class MegatronEngine(TrainEngine):
                 f"unknown head {spec.head!r}; the megatron engine supports {', '.join(HEAD_OUTPUTS)}"
             )
         self.device = platform.set_device(dist.local_rank)
+        if self.device.type == "cpu" and not getattr(torch.cuda, CPU_REDIRECT_FLAG, False):
+            raise RuntimeError(
+                "megatron engine: megatron-core needs an accelerator (it calls torch.cuda unconditionally) and "
+                "this worker's device platform is the CPU; on a CPU machine train with --engine fsdp, or run "
+                "on a GPU machine (trainer.device=auto picks it)"
+            )
         self.dtype = param_dtype(spec.dtype)
         self.hf_config = AutoConfig.from_pretrained(spec.model_path)
         self.shape = model_shape(

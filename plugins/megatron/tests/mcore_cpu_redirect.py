@@ -75,4 +75,7 @@ def install() -> None:
     mrandom._get_cuda_rng_state = _cpu_get_rng_state
     mrandom._set_cuda_rng_state = _cpu_set_rng_state
     _CudaToCpu().__enter__()
+    from rlcore_megatron.engine import CPU_REDIRECT_FLAG
+
+    setattr(torch.cuda, CPU_REDIRECT_FLAG, True)  # the engine accepts a CPU device from here on
     _installed = True
