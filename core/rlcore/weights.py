@@ -7,9 +7,11 @@ A tensor larger than a bucket is split along its flattened elements into pieces 
 
 from __future__ import annotations
 
+import difflib
 import re
-from collections.abc import Iterable, Iterator
+from collections.abc import Iterable, Iterator, Mapping
 
+import attrs
 import torch
 
 from rlcore.api.train_engine import WeightBucket
@@ -84,3 +86,53 @@ def assemble(buckets: Iterable[WeightBucket]) -> Iterator[tuple[str, torch.Tenso
                 pending[base] = (buf, filled)
     if pending:
         raise ValueError(f"weight stream ended with incomplete tensors: {sorted(pending)}")
+
+
+@attrs.frozen
+class WeightLayout:
+    """The weights a Hugging Face causal LM takes, for a rollout engine checking a stream before loading it.
+
+    ``shapes``: full (unsharded) shape per name, as in ``model.state_dict()``. ``ties``: name -> every name
+    sharing its tensor, in ``named_parameters`` order (tied names only: ``lm_head.weight`` and
+    ``model.embed_tokens.weight`` with ``tie_word_embeddings``).
+    """
+
+    model_path: str
+    shapes: Mapping[str, tuple[int, ...]]
+    ties: Mapping[str, tuple[str, ...]]
+
+    @classmethod
+    def from_pretrained(cls, model_path: str) -> WeightLayout:
+        """Read from the checkpoint's config, with the model built on the meta device (no memory, no
+        weights read)."""
+        from transformers import AutoConfig, AutoModelForCausalLM
+
+        config = AutoConfig.from_pretrained(model_path)
+        with torch.device("meta"):
+            model = AutoModelForCausalLM.from_config(config)
+        shapes = {name: tuple(t.shape) for name, t in model.state_dict().items()}
+        by_tensor: dict[int, list[str]] = {}
+        for name, param in model.named_parameters(remove_duplicate=False):
+            by_tensor.setdefault(id(param), []).append(name)
+        ties = {name: tuple(names) for names in by_tensor.values() if len(names) > 1 for name in names}
+        return cls(model_path, shapes, ties)
+
+    def mismatch(self, name: str, tensor: torch.Tensor) -> str | None:
+        """Why ``(name, tensor)`` does not fit this model (an unknown name, with the closest valid ones, or
+        a wrong shape), or None when it fits. The engine raises its own error type with this message."""
+        shape = self.shapes.get(name)
+        if shape is None:
+            valid = list(self.shapes)
+            close = difflib.get_close_matches(name, valid, n=3, cutoff=0.6) or valid[:3]
+            return (
+                f"weight stream sent {name!r}, which the rollout model ({self.model_path}) does not have. "
+                f"Close valid names: {', '.join(map(repr, close))}. The stream must use Hugging Face "
+                f"parameter names (model.state_dict()), without wrapper prefixes such as 'module.'."
+            )
+        if tuple(tensor.shape) != shape:
+            return (
+                f"weight stream sent {name!r} with shape {tuple(tensor.shape)}, but the rollout model "
+                f"({self.model_path}) has shape {shape}; do the trainer and rollout load the same "
+                f"architecture? (streams carry full, unsharded tensors)"
+            )
+        return None

@@ -111,7 +111,7 @@ class SGLangRollout(RolloutEngine):
         self.dtype = _DTYPES[spec.dtype]
         sglang = import_sglang()
         self.weights = ModelWeights.from_pretrained(spec.model_path)
-        self.vocab_size = self.weights.shapes[_embedding_name(self.weights)][0]
+        self.vocab_size = self.weights.layout.shapes[_embedding_name(self.weights)][0]
         self.max_model_len = spec.max_model_len
         self.device = _current_device(platform)
         args = engine_args(spec, config)
@@ -321,10 +321,10 @@ class SGLangRollout(RolloutEngine):
 
 def _embedding_name(weights: ModelWeights) -> str:
     """The input embedding's name (its first dimension is the vocabulary the engine accepts)."""
-    names = [n for n in weights.shapes if n.endswith("embed_tokens.weight")]
+    names = [n for n in weights.layout.shapes if n.endswith("embed_tokens.weight")]
     if not names:
         raise ValueError(
-            f"sglang rollout: found no '*embed_tokens.weight' in {weights.model_path}; "
+            f"sglang rollout: found no '*embed_tokens.weight' in {weights.layout.model_path}; "
             f"rlcore-sglang serves causal LMs in Hugging Face layout"
         )
     return names[0]

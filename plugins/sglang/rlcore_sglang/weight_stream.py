@@ -20,13 +20,12 @@ instead of one handle per tensor. :func:`unpack` is the inverse (what SGLang's
 
 from __future__ import annotations
 
-import difflib
-from collections.abc import Iterable, Iterator, Mapping
+from collections.abc import Iterable, Iterator
 
 import attrs
 import torch
 from rlcore.api import WeightBucket
-from rlcore.weights import assemble
+from rlcore.weights import WeightLayout, assemble
 
 
 class WeightStreamError(ValueError):
@@ -40,53 +39,32 @@ class WeightStreamError(ValueError):
 
 @attrs.define(frozen=True)
 class ModelWeights:
-    """The weights a rollout model accepts, in Hugging Face names.
+    """The weights a rollout model accepts, in Hugging Face names (:class:`rlcore.weights.WeightLayout`).
 
-    ``shapes``: full (unsharded) shape per name. ``canonical``: tied name -> the name its tensor is
-    sent under (the first of its group in ``named_parameters`` order); untied names are absent.
+    ``canonical``: tied name -> the name its tensor is sent under (the first of its group in
+    ``named_parameters`` order); untied names are absent.
     """
 
-    model_path: str
-    shapes: Mapping[str, tuple[int, ...]]
-    canonical: Mapping[str, str]
+    layout: WeightLayout
 
     @classmethod
     def from_pretrained(cls, model_path: str) -> ModelWeights:
-        """Names, shapes and ties from the checkpoint's config, with the model built on the meta device
-        (no memory, no weights read)."""
-        from transformers import AutoConfig, AutoModelForCausalLM
+        return cls(WeightLayout.from_pretrained(model_path))
 
-        config = AutoConfig.from_pretrained(model_path)
-        with torch.device("meta"):
-            model = AutoModelForCausalLM.from_config(config)
-        shapes = {name: tuple(t.shape) for name, t in model.state_dict().items()}
-        groups: dict[int, list[str]] = {}
-        for name, param in model.named_parameters(remove_duplicate=False):
-            groups.setdefault(id(param), []).append(name)
-        canonical = {name: names[0] for names in groups.values() if len(names) > 1 for name in names}
-        return cls(model_path, shapes, canonical)
+    @property
+    def canonical(self) -> dict[str, str]:
+        return {name: names[0] for name, names in self.layout.ties.items()}
 
     def targets(self) -> frozenset[str]:
         """The names a complete stream is sent under (tied groups once)."""
-        return frozenset(self.canonical.get(name, name) for name in self.shapes)
+        canonical = self.canonical
+        return frozenset(canonical.get(name, name) for name in self.layout.shapes)
 
     def check(self, name: str, tensor: torch.Tensor) -> None:
         """Raise :class:`WeightStreamError` unless ``name`` is a weight of this model with this shape."""
-        shape = self.shapes.get(name)
-        if shape is None:
-            valid = list(self.shapes)
-            close = difflib.get_close_matches(name, valid, n=3, cutoff=0.6) or valid[:3]
-            raise WeightStreamError(
-                f"weight stream sent {name!r}, which the rollout model ({self.model_path}) does not have. "
-                f"Close valid names: {', '.join(map(repr, close))}. The stream must use Hugging Face "
-                f"parameter names (model.state_dict()), without wrapper prefixes such as 'module.'."
-            )
-        if tuple(tensor.shape) != shape:
-            raise WeightStreamError(
-                f"weight stream sent {name!r} with shape {tuple(tensor.shape)}, but the rollout model "
-                f"({self.model_path}) has shape {shape}; do the trainer and rollout load the same "
-                f"architecture? (streams carry full, unsharded tensors)"
-            )
+        message = self.layout.mismatch(name, tensor)
+        if message is not None:
+            raise WeightStreamError(message)
 
 
 def checked_tensors(
@@ -96,6 +74,7 @@ def checked_tensors(
     under their canonical name. Raises :class:`WeightStreamError` at the first bad tensor, before
     yielding it; the stream's ``close()`` (a transport draining what is left) runs either way."""
     received: set[str] = set()
+    canonical = weights.canonical
     tied: dict[str, tuple[str, torch.Tensor]] = {}  # canonical name -> first (name, value) received
     try:
         for name, tensor in assemble(buckets):
@@ -104,7 +83,7 @@ def checked_tensors(
                 raise WeightStreamError(f"weight stream sent {name!r} twice")
             received.add(name)
             tensor = tensor.to(dtype)
-            target = weights.canonical.get(name)
+            target = canonical.get(name)
             if target is None:
                 yield name, tensor
                 continue

@@ -19,7 +19,7 @@ def reference(weights):
     g = torch.Generator().manual_seed(0)
     tied = weights.canonical
     values = {}
-    for name, shape in weights.shapes.items():
+    for name, shape in weights.layout.shapes.items():
         source = tied.get(name, name)
         values[name] = (
             values[source] if source in values else torch.randn(shape, generator=g, dtype=torch.float64)
@@ -34,14 +34,14 @@ def decode(flat: torch.Tensor, start: int, end: int, dtype: torch.dtype, shape) 
 
 
 def test_model_weights_of_the_tiny_model(weights):
-    assert weights.shapes["model.embed_tokens.weight"] == weights.shapes["lm_head.weight"]
+    assert weights.layout.shapes["model.embed_tokens.weight"] == weights.layout.shapes["lm_head.weight"]
     # Tied: SGLang's Qwen2 holds one tensor, loaded under the embedding's name.
     assert dict(weights.canonical) == {
         "model.embed_tokens.weight": "model.embed_tokens.weight",
         "lm_head.weight": "model.embed_tokens.weight",
     }
     assert "lm_head.weight" not in weights.targets() and "model.norm.weight" in weights.targets()
-    assert len(weights.targets()) == len(weights.shapes) - 1
+    assert len(weights.targets()) == len(weights.layout.shapes) - 1
 
 
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32])

@@ -19,13 +19,12 @@ mixture-of-experts layers are not modelled: send their experts complete.
 
 from __future__ import annotations
 
-import difflib
 from collections.abc import Iterable, Iterator, Mapping
 
 import attrs
 import torch
 from rlcore.api import WeightBucket
-from rlcore.weights import assemble
+from rlcore.weights import WeightLayout, assemble
 
 
 class WeightStreamError(ValueError):
@@ -41,30 +40,18 @@ class WeightStreamError(ValueError):
 class ModelWeights:
     """The weights a rollout model accepts, in Hugging Face names.
 
-    ``shapes``: full (unsharded) shape per name. ``ties``: name -> all names sharing its tensor (only
-    for tied names). ``packed``: vLLM's fused module name -> the Hugging Face module names it holds.
+    ``layout``: names, full shapes and ties (:class:`rlcore.weights.WeightLayout`). ``packed``: vLLM's
+    fused module name -> the Hugging Face module names it holds.
     """
 
-    model_path: str
-    shapes: Mapping[str, tuple[int, ...]]
-    ties: Mapping[str, tuple[str, ...]]
+    layout: WeightLayout
     packed: Mapping[str, tuple[str, ...]]
 
     @classmethod
     def from_pretrained(cls, model_path: str, packed: Mapping[str, Iterable[str]]) -> ModelWeights:
-        """Read names, shapes and ties from the checkpoint's config: the model is built on the meta
-        device (no memory, no weights read)."""
-        from transformers import AutoConfig, AutoModelForCausalLM
-
-        config = AutoConfig.from_pretrained(model_path)
-        with torch.device("meta"):
-            model = AutoModelForCausalLM.from_config(config)
-        shapes = {name: tuple(t.shape) for name, t in model.state_dict().items()}
-        by_tensor: dict[int, list[str]] = {}
-        for name, param in model.named_parameters(remove_duplicate=False):
-            by_tensor.setdefault(id(param), []).append(name)
-        ties = {name: tuple(names) for names in by_tensor.values() if len(names) > 1 for name in names}
-        return cls(model_path, shapes, ties, {k: tuple(v) for k, v in packed.items()})
+        """Names, shapes and ties from the checkpoint's config (:class:`rlcore.weights.WeightLayout`)."""
+        layout = WeightLayout.from_pretrained(model_path)
+        return cls(layout, {k: tuple(v) for k, v in packed.items()})
 
     def module_of(self, name: str) -> str:
         """The vLLM module that ``name`` loads into: ``model.layers.0.self_attn.k_proj.bias`` ->
@@ -79,27 +66,15 @@ class ModelWeights:
     def members(self) -> dict[str, frozenset[str]]:
         """vLLM module -> the names it needs, all of them, before it can be rebuilt."""
         groups: dict[str, set[str]] = {}
-        for name in self.shapes:
+        for name in self.layout.shapes:
             groups.setdefault(self.module_of(name), set()).add(name)
         return {module: frozenset(names) for module, names in groups.items()}
 
     def check(self, name: str, tensor: torch.Tensor) -> None:
         """Raise :class:`WeightStreamError` unless ``name`` is a weight of this model with this shape."""
-        shape = self.shapes.get(name)
-        if shape is None:
-            valid = list(self.shapes)
-            close = difflib.get_close_matches(name, valid, n=3, cutoff=0.6) or valid[:3]
-            raise WeightStreamError(
-                f"weight stream sent {name!r}, which the rollout model ({self.model_path}) does not have. "
-                f"Close valid names: {', '.join(map(repr, close))}. The stream must use Hugging Face "
-                f"parameter names (model.state_dict()), without wrapper prefixes such as 'module.'."
-            )
-        if tuple(tensor.shape) != shape:
-            raise WeightStreamError(
-                f"weight stream sent {name!r} with shape {tuple(tensor.shape)}, but the rollout model "
-                f"({self.model_path}) has shape {shape}; do the trainer and rollout load the same "
-                f"architecture? (streams carry full, unsharded tensors)"
-            )
+        message = self.layout.mismatch(name, tensor)
+        if message is not None:
+            raise WeightStreamError(message)
 
 
 class StreamFilter:
@@ -128,7 +103,7 @@ class StreamFilter:
                     raise WeightStreamError(f"weight stream sent {name!r} twice")
                 received.add(name)
                 tensor = tensor.to(self.dtype)
-                tied = self.weights.ties.get(name)
+                tied = self.weights.layout.ties.get(name)
                 if tied is not None:
                     first = tied_values.setdefault(tied, (name, tensor))
                     if not torch.equal(first[1], tensor.to(first[1].device)):

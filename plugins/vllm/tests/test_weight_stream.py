@@ -30,9 +30,13 @@ def run(weights, buckets, dtype=torch.float32):
 
 
 def test_model_weights_from_the_checkpoint(weights):
-    assert weights.shapes["lm_head.weight"] == weights.shapes["model.embed_tokens.weight"] == (1024, 256)
-    assert weights.shapes[f"{ATTN}.k_proj.weight"] == (128, 256)
-    assert set(weights.ties["lm_head.weight"]) == {"lm_head.weight", "model.embed_tokens.weight"}
+    assert (
+        weights.layout.shapes["lm_head.weight"]
+        == weights.layout.shapes["model.embed_tokens.weight"]
+        == (1024, 256)
+    )
+    assert weights.layout.shapes[f"{ATTN}.k_proj.weight"] == (128, 256)
+    assert set(weights.layout.ties["lm_head.weight"]) == {"lm_head.weight", "model.embed_tokens.weight"}
     assert weights.module_of(f"{ATTN}.k_proj.bias") == f"{ATTN}.qkv_proj"
     assert weights.module_of("model.layers.1.mlp.up_proj.weight") == "model.layers.1.mlp.gate_up_proj"
     assert weights.module_of("model.norm.weight") == "model.norm"
