@@ -21,9 +21,12 @@ _EXPORTS = {
     "TrainEngine": "rlcore.api.train_engine",
     "WeightBucket": "rlcore.api.train_engine",
     "WeightTransport": "rlcore.api.weight_transport",
+    "ROLLOUT_TAGS": "rlcore.api.requests",
     "check_prompts": "rlcore.api.requests",
     "check_sampling": "rlcore.api.requests",
+    "check_tags": "rlcore.api.requests",
     "request_seeds": "rlcore.api.requests",
+    "rollout_dtype": "rlcore.api.requests",
     "place_sequence_scores": "rlcore.api.reward",
 }
 

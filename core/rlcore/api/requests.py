@@ -1,6 +1,7 @@
-"""Checks every rollout engine makes on a request before its engine sees it, and how ``n`` samples of a
-prompt are seeded. Shared so that vLLM, SGLang and the HF rollout refuse the same input with the same
-message (naming the engine and the key to change) and draw the same seeds.
+"""Checks every rollout engine makes before its engine sees a request (prompts, sampling settings, memory
+tags, the rollout dtype), and how ``n`` samples of a prompt are seeded. Shared so that vLLM, SGLang and the
+HF rollout refuse the same input with the same message (naming the engine and the key to change) and draw
+the same seeds.
 
 >>> from rlcore.api import SamplingParams
 >>> check_prompts([[5, 6], (7,)], SamplingParams(max_tokens=4), vocab_size=10, max_model_len=8, engine="hf")
@@ -12,8 +13,14 @@ message (naming the engine and the key to change) and draw the same seeds.
 from __future__ import annotations
 
 from collections.abc import Sequence
+from typing import Any
 
 from rlcore.api.rollout_engine import SamplingParams
+
+#: The memory tags of :meth:`rlcore.api.RolloutEngine.release`, in the order engines release them.
+ROLLOUT_TAGS = ("weights", "kv_cache")
+#: ``rollout.dtype`` values and their torch dtypes' names.
+ROLLOUT_DTYPES = ("float32", "bfloat16", "float16")
 
 
 def check_sampling(params: SamplingParams) -> None:
@@ -69,3 +76,25 @@ def request_seeds(params: SamplingParams, prompt_index: int) -> list[int | None]
     if params.seed is None:
         return [None] * params.n
     return [params.seed + prompt_index * params.n + j for j in range(params.n)]
+
+
+def check_tags(tags: Sequence[str], *, engine: str) -> list[str]:
+    """``tags`` without repeats, in :data:`ROLLOUT_TAGS` order; a bare string or an unknown tag is an
+    error naming the valid ones."""
+    if isinstance(tags, str):
+        raise TypeError(f"tags must be a list of names, got the string {tags!r}")
+    unknown = sorted(set(tags) - set(ROLLOUT_TAGS))
+    if unknown:
+        raise ValueError(
+            f"{engine} rollout: unknown memory tags {unknown}; valid tags: {', '.join(ROLLOUT_TAGS)}"
+        )
+    return [t for t in ROLLOUT_TAGS if t in tags]
+
+
+def rollout_dtype(name: str) -> Any:
+    """The ``torch.dtype`` of ``rollout.dtype`` ``name``; another value is an error naming the valid ones."""
+    if name not in ROLLOUT_DTYPES:
+        raise ValueError(f"rollout.dtype must be one of {', '.join(ROLLOUT_DTYPES)}, got {name!r}")
+    import torch
+
+    return getattr(torch, name)

@@ -46,13 +46,12 @@ from rlcore.api import (
     WeightBucket,
     check_prompts,
     check_sampling,
+    check_tags,
+    rollout_dtype,
 )
 from rlcore.rollout.config import HFRolloutConfig
 from rlcore.rollout.stopping import StopStrings, finish_response
 from rlcore.weights import assemble
-
-RELEASE_TAGS = ("weights", "kv_cache")
-_DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 
 
 class WeightLoadError(ValueError):
@@ -67,12 +66,11 @@ class HFRollout(RolloutEngine):
     def __init__(self, spec: RolloutSpec, config: HFRolloutConfig | None, platform: DevicePlatform):
         config = config if config is not None else HFRolloutConfig()
         super().__init__(spec, config, platform)
-        if spec.dtype not in _DTYPES:
-            raise ValueError(f"rollout.dtype must be one of {', '.join(_DTYPES)}, got {spec.dtype!r}")
+        dtype = rollout_dtype(spec.dtype)
         self.device = _current_device(platform)
         self.tokenizer = AutoTokenizer.from_pretrained(spec.model_path)
         kwargs = {
-            "dtype": _DTYPES[spec.dtype],
+            "dtype": dtype,
             "attn_implementation": config.attn_implementation or platform.attention_implementation(),
         }
         self.model = AutoModelForCausalLM.from_pretrained(spec.model_path, **kwargs).to(self.device).eval()
@@ -245,7 +243,7 @@ class HFRollout(RolloutEngine):
     def release(self, tags: Sequence[str]) -> None:
         """``weights``: move the model to host memory. ``kv_cache``: nothing to free; ``generate``
         builds its KV cache per call and drops it on return."""
-        tags = _check_tags(tags)
+        tags = check_tags(tags, engine="hf")
         with self._lock:
             if "weights" in tags and "weights" not in self._released:
                 self.model.to("cpu")
@@ -253,7 +251,7 @@ class HFRollout(RolloutEngine):
                 self._released.add("weights")
 
     def resume(self, tags: Sequence[str]) -> None:
-        tags = _check_tags(tags)
+        tags = check_tags(tags, engine="hf")
         with self._lock:
             if "weights" in tags and "weights" in self._released:
                 self.model.to(self.device)
@@ -308,13 +306,6 @@ def _eos_ids(generation_config: GenerationConfig, tokenizer) -> list[int]:
     if not ids:
         raise ValueError("hf rollout: the model declares no eos token (generation_config or tokenizer)")
     return ids
-
-
-def _check_tags(tags: Sequence[str]) -> set[str]:
-    unknown = sorted(set(tags) - set(RELEASE_TAGS))
-    if unknown:
-        raise ValueError(f"hf rollout: unknown memory tags {unknown}; valid tags: {', '.join(RELEASE_TAGS)}")
-    return set(tags)
 
 
 def _check_tied(staged: dict[str, torch.Tensor], state: dict[str, torch.Tensor]) -> None:

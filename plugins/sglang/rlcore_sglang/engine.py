@@ -41,6 +41,7 @@ from rlcore.api import (
     check_prompts,
     check_sampling,
     request_seeds,
+    rollout_dtype,
 )
 
 from rlcore_sglang.config import SGLangConfig
@@ -52,7 +53,6 @@ from rlcore_sglang.weight_stream import ModelWeights, PackedBucket, WeightStream
 
 log = logging.getLogger(__name__)
 
-_DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 #: SGLang's switch for ``raw_logprobs``, read by its sampler module when the scheduler process imports it.
 RAW_LOGPROB_ENV = "SGLANG_RETURN_ORIGINAL_LOGPROB"
 
@@ -106,9 +106,7 @@ class SGLangRollout(RolloutEngine):
     ):
         config = config if config is not None else SGLangConfig()
         super().__init__(spec, config, platform)
-        if spec.dtype not in _DTYPES:
-            raise ValueError(f"rollout.dtype must be one of {', '.join(_DTYPES)}, got {spec.dtype!r}")
-        self.dtype = _DTYPES[spec.dtype]
+        self.dtype = rollout_dtype(spec.dtype)
         sglang = import_sglang()
         self.weights = ModelWeights.from_pretrained(spec.model_path)
         self.vocab_size = self.weights.layout.shapes[_embedding_name(self.weights)][0]

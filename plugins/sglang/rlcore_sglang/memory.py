@@ -1,4 +1,4 @@
-"""Which device memory is released, by tag, and what that allows (pure Python: no sglang, no torch).
+"""Which device memory is released, by tag, and what that allows (no sglang: testable on CPU).
 
 rlcore's rollout tags are ``weights`` and ``kv_cache``. SGLang releases its memory by the same tags
 (``release_memory_occupation(tags=...)``, through ``torch_memory_saver``), one by one, plus
@@ -28,21 +28,11 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
-#: rlcore's tags, in the order SGLang is asked to release them.
-RELEASE_TAGS = ("weights", "kv_cache")
+from rlcore.api import ROLLOUT_TAGS, check_tags
+
+#: rlcore's tags (``rlcore.api.ROLLOUT_TAGS``), in the order SGLang is asked to release them.
+RELEASE_TAGS = ROLLOUT_TAGS
 CUDA_GRAPH = "cuda_graph"
-
-
-def check_tags(tags: Sequence[str]) -> list[str]:
-    """``tags`` as a list without repeats, in rlcore's order; unknown tags are an error naming the valid ones."""
-    if isinstance(tags, str):
-        raise TypeError(f"tags must be a list of names, got the string {tags!r}")
-    unknown = sorted(set(tags) - set(RELEASE_TAGS))
-    if unknown:
-        raise ValueError(
-            f"sglang rollout: unknown memory tags {unknown}; valid tags: {', '.join(RELEASE_TAGS)}"
-        )
-    return [t for t in RELEASE_TAGS if t in tags]
 
 
 class MemoryTags:
@@ -63,13 +53,13 @@ class MemoryTags:
 
     def release(self, tags: Sequence[str]) -> list[str]:
         """Record ``tags`` as released; return the SGLang tags to release now (maybe none)."""
-        new = [t for t in check_tags(tags) if t not in self.released]
+        new = [t for t in check_tags(tags, engine="sglang") if t not in self.released]
         self.released.update(new)
         return self._sglang(new)
 
     def resume(self, tags: Sequence[str]) -> list[str]:
         """Record ``tags`` as resident again; return the SGLang tags to resume now (maybe none)."""
-        back = [t for t in check_tags(tags) if t in self.released]
+        back = [t for t in check_tags(tags, engine="sglang") if t in self.released]
         self.released.difference_update(back)
         if "weights" in back and self.sends and not self.weights_backup:
             self.weights_stale = True

@@ -28,6 +28,7 @@ from typing import Any
 
 import torch
 from rlcore.api import (
+    ROLLOUT_TAGS,
     Completion,
     DevicePlatform,
     RolloutEngine,
@@ -36,7 +37,9 @@ from rlcore.api import (
     WeightBucket,
     check_prompts,
     check_sampling,
+    check_tags,
     request_seeds,
+    rollout_dtype,
 )
 
 from rlcore_vllm import memory
@@ -76,9 +79,6 @@ class RotaryCacheNotLoaded(logging.Filter):
 
 logging.getLogger(RELOAD_LOGGER).addFilter(RotaryCacheNotLoaded())
 
-RELEASE_TAGS = ("weights", "kv_cache")
-_DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
-
 
 def sleep_mode_supported(platform: DevicePlatform | None = None) -> bool:
     """Whether vLLM can free device memory on this machine (``LLM.sleep``/``wake_up``).
@@ -106,9 +106,7 @@ class VLLMRollout(RolloutEngine):
     ):
         config = config if config is not None else VLLMConfig()
         super().__init__(spec, config, platform)
-        if spec.dtype not in _DTYPES:
-            raise ValueError(f"rollout.dtype must be one of {', '.join(_DTYPES)}, got {spec.dtype!r}")
-        self.dtype = _DTYPES[spec.dtype]
+        self.dtype = rollout_dtype(spec.dtype)
         self.sleep_mode = sleep_mode_supported(self.platform)
         _THREADS.enter()
         try:
@@ -174,7 +172,7 @@ class VLLMRollout(RolloutEngine):
         check_sampling(params)
         if self._released:
             raise RuntimeError(
-                f"vllm rollout: {sorted(self._released)} released; call resume({list(RELEASE_TAGS)}) before "
+                f"vllm rollout: {sorted(self._released)} released; call resume({list(ROLLOUT_TAGS)}) before "
                 f"generating (vLLM's sleep frees weights and KV cache together)"
             )
         if self._weights_discarded:
@@ -219,7 +217,7 @@ class VLLMRollout(RolloutEngine):
         """Free device memory: vLLM's ``sleep(config.sleep_level)``, which frees the weights (level 1
         keeps a host copy) and the KV cache together, whichever tags are named. A logged no-op where
         vLLM has no sleep mode (:func:`sleep_mode_supported`), with the same bookkeeping."""
-        tags = _check_tags(tags)
+        tags = check_tags(tags, engine="vllm")
         if not tags or self._released:
             return
         with self._loop.exclusive() as llm:
@@ -230,12 +228,12 @@ class VLLMRollout(RolloutEngine):
                 log.info(
                     "vllm rollout: vLLM has no sleep mode on this platform; release(%s) frees nothing", tags
                 )
-        self._released = set(RELEASE_TAGS)
+        self._released = set(ROLLOUT_TAGS)
 
     def resume(self, tags: Sequence[str]) -> None:
         """Re-acquire released memory by tag: ``["weights"]`` first lets a weight load run before the KV
         cache comes back. Resuming the KV cache drops the prefix cache (its blocks' contents are gone)."""
-        waking = sorted(_check_tags(tags) & self._released)
+        waking = sorted(set(check_tags(tags, engine="vllm")) & self._released)
         if not waking:
             return
         with self._loop.exclusive() as llm:
@@ -392,14 +390,3 @@ def _serialize(named: Iterable[tuple[str, torch.Tensor]]) -> bytes:
 def _reset_prefix_cache(llm: Any) -> None:
     if not llm.reset_prefix_cache():
         raise RuntimeError("vllm rollout: vLLM refused to reset its prefix cache (requests still running?)")
-
-
-def _check_tags(tags: Sequence[str]) -> set[str]:
-    if isinstance(tags, str):
-        raise TypeError(f"tags must be a list of names, got the string {tags!r}")
-    unknown = sorted(set(tags) - set(RELEASE_TAGS))
-    if unknown:
-        raise ValueError(
-            f"vllm rollout: unknown memory tags {unknown}; valid tags: {', '.join(RELEASE_TAGS)}"
-        )
-    return set(tags)
