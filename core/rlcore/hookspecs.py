@@ -62,3 +62,9 @@ def register_weight_transports(register):
 @hookspec
 def register_device_platforms(register):
     """Register :class:`rlcore.api.DevicePlatform` classes (``"cpu"``, ``"cuda"``, ``"npu"`` ...)."""
+
+
+@hookspec
+def register_sandboxes(register):
+    """Register :class:`rlcore.sandbox.Sandbox` classes (``"local"``, ``"http"``), built as
+    ``cls(**options)`` by :func:`rlcore.sandbox.get_sandbox`; selected by ``sandbox.name``."""

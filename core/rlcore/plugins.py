@@ -48,6 +48,7 @@ DEFAULT_PLUGINS = (
     "rlcore.builtin.tasks",
     "rlcore.builtin.algorithms",
     "rlcore.builtin.flows",
+    "rlcore.builtin.sandboxes",
     "rlcore.testing.plugin",
 )
 
@@ -62,6 +63,7 @@ KINDS: dict[str, tuple[str, str, str | None]] = {
     "register_policy_losses": ("policy_losses", "policy loss", None),
     "register_weight_transports": ("weight_transports", "weight transport", None),
     "register_device_platforms": ("device_platforms", "device platform", "pip install rlcore-{name}"),
+    "register_sandboxes": ("sandboxes", "sandbox", None),
 }
 
 
