@@ -68,3 +68,10 @@ def register_device_platforms(register):
 def register_sandboxes(register):
     """Register :class:`rlcore.sandbox.Sandbox` classes (``"local"``, ``"http"``), built as
     ``cls(**options)`` by :func:`rlcore.sandbox.get_sandbox`; selected by ``sandbox.name``."""
+
+
+@hookspec
+def register_tools(register):
+    """Register tools an agent may call (:class:`rlcore.agents.Tool` subclasses), by the name the model
+    calls them with: ``register("calculator", "rlcore.agents.builtin_tools:Calculator")``. Runs select
+    them with ``agent.tools``."""

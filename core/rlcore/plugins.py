@@ -49,6 +49,7 @@ DEFAULT_PLUGINS = (
     "rlcore.builtin.algorithms",
     "rlcore.builtin.flows",
     "rlcore.builtin.sandboxes",
+    "rlcore.builtin.tools",
     "rlcore.testing.plugin",
 )
 
@@ -64,6 +65,7 @@ KINDS: dict[str, tuple[str, str, str | None]] = {
     "register_weight_transports": ("weight_transports", "weight transport", None),
     "register_device_platforms": ("device_platforms", "device platform", "pip install rlcore-{name}"),
     "register_sandboxes": ("sandboxes", "sandbox", None),
+    "register_tools": ("tools", "tool", None),
 }
 
 
