@@ -76,9 +76,12 @@ class TrainEngine(abc.ABC):
     """A sharded model + optimizer. Constructed on every rank of its role.
 
     ``config_class`` is the attrs class of the engine's own config section (``fsdp:``, ``megatron:``).
+    ``heads`` names the :attr:`EngineSpec.head` values the engine implements; roles check it before they
+    start one (the reward model needs ``"score"``). ``None``: not declared, found out when built.
     """
 
     config_class: ClassVar[type | None] = None
+    heads: ClassVar[tuple[str, ...] | None] = None
 
     def __init__(self, spec: EngineSpec, config: Any, platform: Any, dist: DistInfo):
         self.spec, self.config, self.platform, self.dist = spec, config, platform, dist

@@ -26,6 +26,7 @@ NAMED_KEYS: dict[str, tuple[str, tuple[str, ...]]] = {
     "algorithm.adv_estimator": ("advantage_estimators", ()),
     "algorithm.policy_loss": ("policy_losses", ()),
     "reward.provider": ("reward_providers", ()),
+    "reward_model.engine": ("train_engines", ()),
     "transport.name": ("weight_transports", ("auto",)),
     "trainer.device": ("device_platforms", ("auto",)),
 }

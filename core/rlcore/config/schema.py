@@ -12,6 +12,7 @@ import attrs
 
 from rlcore.data.config import DataConfig
 from rlcore.rewards.config import RewardConfig
+from rlcore.rewards.model_config import RewardModelConfig
 
 
 class FieldValueError(ValueError):
@@ -310,6 +311,7 @@ class RLConfig:
     critic: CriticConfig = attrs.Factory(CriticConfig)
     rollout: RolloutConfig = attrs.Factory(RolloutConfig)
     reward: RewardConfig = attrs.Factory(RewardConfig)
+    reward_model: RewardModelConfig = attrs.Factory(RewardModelConfig)
     sft: SFTConfig = attrs.Factory(SFTConfig)
     transport: TransportConfig = attrs.Factory(TransportConfig)
     #: Plugin sections, by name (``fsdp``, ``vllm`` ...), each an instance of the plugin's config class.

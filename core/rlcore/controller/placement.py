@@ -215,12 +215,12 @@ def plan_placement(
 
 def role_sizes_from_config(config: Any, roles: Sequence[str]) -> dict[str, int]:
     """Devices each role needs, from an :class:`~rlcore.config.schema.RLConfig`: ``actor`` and
-    ``reference`` use ``actor.world_size``, ``critic`` ``critic.world_size``, ``reward_model`` 1 device
-    per actor rank's worth (``actor.world_size``), ``rollout`` ``num_engines * tensor_parallel_size``."""
+    ``reference`` use ``actor.world_size``, ``critic`` ``critic.world_size``, ``reward_model``
+    ``reward_model.world_size``, ``rollout`` ``num_engines * tensor_parallel_size``."""
     table = {
         "actor": config.actor.world_size,
         "reference": config.actor.world_size,
-        "reward_model": config.actor.world_size,
+        "reward_model": config.reward_model.world_size,
         "critic": config.critic.world_size,
         ROLLOUT: config.rollout.num_engines * config.rollout.tensor_parallel_size,
     }

@@ -27,6 +27,7 @@ def check_run(config: Any) -> None:
         *_logger_problems(config),
         *_model_problems(config),
         *_file_problems(config),
+        *_reward_model_problems(config),
     ]
     if problems:
         raise invalid_config(problems)
@@ -127,6 +128,13 @@ def _model_problems(config: Any) -> Iterator[str]:
             resolve_model_path(path)
         except (ValueError, FileNotFoundError) as exc:
             yield f"'{key}': {exc}"
+
+
+def _reward_model_problems(config: Any) -> list[str]:
+    """The reward model's folder (a sequence classifier with one label), tokenizer and engine."""
+    from rlcore.rewards.model_config import reward_model_problems
+
+    return reward_model_problems(config)
 
 
 def _file_problems(config: Any) -> Iterator[str]:

@@ -117,6 +117,7 @@ def prepare_run(config: Any) -> tuple[Any, Path, str]:
     into it and ``config.yaml``. Returns ``(resolved config, run_dir, config yaml)``."""
     from rlcore.config import to_yaml
     from rlcore.config.loader import resolve_rollout
+    from rlcore.rewards.model_config import absolute_paths
 
     model = attrs.evolve(
         config.model,
@@ -129,7 +130,8 @@ def prepare_run(config: Any) -> tuple[Any, Path, str]:
     if critic.model_path:
         critic = attrs.evolve(critic, model_path=resolve_model_path(critic.model_path))
     rollout = attrs.evolve(config.rollout, engine=resolve_rollout(config.rollout.engine))
-    config = attrs.evolve(config, model=model, critic=critic, rollout=rollout)
+    reward_model = absolute_paths(config.reward_model)
+    config = attrs.evolve(config, model=model, critic=critic, rollout=rollout, reward_model=reward_model)
     name = config.trainer.experiment_name or f"{config.algorithm.name}-{time.strftime('%Y%m%d-%H%M%S')}"
     run_dir = Path(config.trainer.output_dir).expanduser() / name
     run_dir.mkdir(parents=True, exist_ok=True)

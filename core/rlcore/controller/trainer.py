@@ -47,7 +47,12 @@ def optimizer_steps(config: Any) -> int:
 
 
 def engine_spec(config: Any, role: str) -> EngineSpec:
-    """The :class:`~rlcore.api.EngineSpec` of train role ``role`` (``actor``, ``critic``, ``reference``)."""
+    """The :class:`~rlcore.api.EngineSpec` of train role ``role`` (``actor``, ``critic``, ``reference``,
+    ``reward_model``)."""
+    if role == "reward_model":
+        from rlcore.rewards.model_config import reward_model_spec
+
+        return reward_model_spec(config)
     temperature = config.rollout.temperature if config.rollout.temperature > 0 else 1.0
     section = config.critic if role == "critic" else config.actor
     optim = section.optim
@@ -99,6 +104,21 @@ def engine_section(config: Any, kind: str, name: str) -> Any:
     return cls(**shared)
 
 
+def role_engine(config: Any, role: str) -> str:
+    """The train engine plugin of ``role``: ``reward_model.engine`` for the reward model (when set), else
+    the run's ``engine``."""
+    if role == "reward_model":
+        from rlcore.rewards.model_config import reward_model_engine
+
+        return reward_model_engine(config)
+    return config.engine
+
+
+def role_world_size(config: Any, role: str) -> int:
+    sizes = {"critic": config.critic.world_size, "reward_model": config.reward_model.world_size}
+    return sizes.get(role, config.actor.world_size)
+
+
 def build_roles(config: Any, train_roles: Sequence[str], on_built: Callable[[Any], None]) -> tuple[dict, Any]:
     """Train roles ``train_roles`` and the rollout role, on ``trainer.backend``. ``on_built(handle)`` is
     called for each role and the placement as soon as it exists, so a later failure can shut it down."""
@@ -116,15 +136,14 @@ def build_roles(config: Any, train_roles: Sequence[str], on_built: Callable[[Any
         placement.create()
         on_built(placement)
     slot = (lambda role: placement.slot(role)) if placement is not None else (lambda role: None)
-    section = engine_section(config, "train_engines", config.engine)
     builders: dict[str, Callable[[], Any]] = {
         name: functools.partial(
             make_train_role,
             name,
-            config.engine,
+            role_engine(config, name),
             engine_spec(config, name),
-            section,
-            world_size=config.critic.world_size if name == "critic" else config.actor.world_size,
+            engine_section(config, "train_engines", role_engine(config, name)),
+            world_size=role_world_size(config, name),
             backend=backend,
             slot=slot(name),
             device=config.trainer.device,
@@ -235,11 +254,14 @@ class Trainer:
         self.val_loader = build_val_loader(cfg.data, self.tokenizer)
         self._batches = iter(self.train_loader)
         self.sft_examples = self._sft_examples()  # bad warm-up data fails before any engine starts
-        self.reward = registry("reward_providers").get(cfg.reward.provider)(cfg.reward)
-        self._closers.append(self.reward)
+        self.reward = self._rule_reward()
 
         extra = [r for r in ("critic", "reference") if r in {*self.algorithm.roles, *self.preset.roles}]
+        if cfg.reward_model.enabled:
+            extra.append("reward_model")
         self.roles, rollout = build_roles(cfg, ["actor", *extra], self._closers.append)
+        if cfg.reward_model.enabled:
+            self.reward = self._model_reward(self.roles.pop("reward_model"))
         actor = self.roles["actor"]
         check = cfg.transport.check_prompts
         probes = min(max(check, actor.dp_size), len(self.train_loader.dataset)) if check > 0 else 0
@@ -287,6 +309,32 @@ class Trainer:
         with self.ctx.detached() as first_sync:
             sync_weights(self.ctx)
         self._first_sync = dict(first_sync)
+
+    def _rule_reward(self) -> Any:
+        """The ``reward.provider``; ``None`` when the reward model's score replaces it. A bad reward-model
+        section fails here, before any engine starts."""
+        from rlcore.plugins import registry
+
+        cfg = self.config
+        if cfg.reward_model.enabled:
+            from rlcore.config.loader import invalid_config
+            from rlcore.rewards.model_config import reward_model_problems
+
+            problems = reward_model_problems(cfg)
+            if problems:
+                raise invalid_config(problems)
+            if cfg.reward_model.combine == "replace":
+                return None
+        provider = registry("reward_providers").get(cfg.reward.provider)(cfg.reward)
+        self._closers.append(provider)
+        return provider
+
+    def _model_reward(self, role: Any) -> Any:
+        """The reward model's provider over its role (which is not a member of ``self.roles``: it neither
+        trains nor checkpoints, and keeps its weights on its devices through every phase)."""
+        from rlcore.rewards.model_provider import ModelRewardProvider
+
+        return ModelRewardProvider(role, self.config.reward_model, self.tokenizer, rule=self.reward)
 
     def _sft_examples(self) -> list:
         cfg = self.config

@@ -39,6 +39,7 @@ class FakeTrainEngine(TrainEngine):
     """
 
     config_class = FakeTrainConfig
+    heads = tuple(_HEAD_OUTPUTS)
     RELEASE_TAGS = ("weights", "grads", "optimizer")
 
     def __init__(

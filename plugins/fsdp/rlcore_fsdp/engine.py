@@ -81,6 +81,7 @@ class FSDPEngine(TrainEngine):
     """FSDP2 train engine. ``FSDPEngine(spec, config, platform, dist)``; see the package README."""
 
     config_class = FSDPConfig
+    heads = tuple(HEAD_OUTPUTS)
 
     def __init__(
         self,

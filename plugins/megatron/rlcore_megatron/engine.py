@@ -91,6 +91,7 @@ class MegatronEngine(TrainEngine):
     """
 
     config_class = MegatronConfig
+    heads = tuple(HEAD_OUTPUTS)
 
     def __init__(self, spec: EngineSpec, config: MegatronConfig | None, platform: Any, dist: DistInfo):
         super().__init__(spec, config if config is not None else MegatronConfig(), platform, dist)
