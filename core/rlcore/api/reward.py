@@ -28,7 +28,9 @@ class RewardProvider(abc.ABC):
 
 
 def place_sequence_scores(scores: Any, response_mask: Any) -> Any:
-    """Put one score per sequence ``[B]`` on the last valid token of ``response_mask [B, R]``.
+    """Put one score per sequence ``[B]`` on the last valid token of ``response_mask [B, R]``: the last
+    index where the mask is 1, which in a multi-turn response (``1 1 0 0 1 1 0 0``: tool observations
+    masked) is the last model token, not ``mask.sum() - 1``.
 
     Rows with no valid token get nothing (their score is dropped: they cannot carry a gradient).
     """
@@ -36,7 +38,11 @@ def place_sequence_scores(scores: Any, response_mask: Any) -> Any:
 
     scores = torch.as_tensor(scores, dtype=torch.float32)
     out = torch.zeros(response_mask.shape, dtype=torch.float32)
-    lengths = response_mask.long().sum(-1)
-    rows = (lengths > 0).nonzero().flatten()
-    out[rows, lengths[rows] - 1] = scores[rows]
+    valid = response_mask.bool()
+    if valid.shape[-1] == 0:
+        return out
+    positions = torch.arange(valid.shape[-1], device=valid.device).expand_as(valid)
+    last = torch.where(valid, positions, -1).amax(dim=-1).cpu()
+    rows = (last >= 0).nonzero().flatten()
+    out[rows, last[rows]] = scores[rows]
     return out

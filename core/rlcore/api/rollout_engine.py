@@ -38,13 +38,22 @@ class SamplingParams:
 @attrs.define
 class Completion:
     """One sampled response. ``log_probs[i]`` is the log-prob of ``token_ids[i]`` under the sampling
-    distribution (after temperature), ``finish_reason`` is ``"stop"`` or ``"length"``."""
+    distribution (after temperature), ``finish_reason`` is ``"stop"`` or ``"length"``.
+
+    A multi-turn episode (:mod:`rlcore.agents`) is one completion too: ``token_ids`` holds every model
+    turn and every tool observation after the prompt, exactly as the engine generated and the episode
+    appended them, and ``response_mask[i]`` is 1 where ``token_ids[i]`` was sampled by the model and 0
+    on observation tokens (whose ``log_probs`` entries are 0.0 placeholders). ``None``: every token was
+    sampled (a single-turn completion). ``info`` carries per-episode facts (turns, tool calls ...).
+    """
 
     prompt_ids: list[int]
     token_ids: list[int]
     log_probs: list[float] | None
     finish_reason: str
     text: str = ""
+    response_mask: list[int] | None = None
+    info: dict[str, Any] | None = None
 
 
 @attrs.define

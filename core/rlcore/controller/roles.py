@@ -171,6 +171,17 @@ class RolloutRole:
             raise RuntimeError(f"rollout returned {len(out)} results for {len(prompts)} prompts")
         return out
 
+    def run_episodes(
+        self, prompts: Sequence[Sequence[int]], params: SamplingParams, agent: Any, tokenizer_path: str
+    ) -> list[list[Completion]]:
+        """Like :meth:`generate`, but each sample is a multi-turn episode with tools (``agent``: the
+        ``agent:`` section); completions carry ``response_mask`` (0 on tool tokens) and ``info``."""
+        parts = self.group.dispatch("run_episodes", [list(p) for p in prompts], params, agent, tokenizer_path)
+        out = [completions for part in parts for completions in part]
+        if len(out) != len(prompts):
+            raise RuntimeError(f"rollout returned {len(out)} episode groups for {len(prompts)} prompts")
+        return out
+
     def release(self, tags: Sequence[str] = ROLLOUT_STATE_TAGS) -> None:
         self.group.call_all("release", tuple(tags))
 

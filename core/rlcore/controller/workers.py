@@ -330,6 +330,26 @@ class RolloutWorker(Worker):
         return self.engine.generate(prompts, params)
 
     @reports_phase
+    def run_episodes(
+        self, prompts: list[list[int]], params: SamplingParams, agent: Any, tokenizer_path: str
+    ) -> list[list[Completion]]:
+        """Multi-turn episodes with tools (:mod:`rlcore.agents`) instead of single turns: ``params.n``
+        per prompt, as :meth:`generate` returns them. ``agent`` is the ``agent:`` section; the tools and
+        the tokenizer (from ``tokenizer_path``) are built on the first call and kept while it is unchanged."""
+        return self._agent_loop(agent, tokenizer_path).run(prompts, params)
+
+    def _agent_loop(self, agent: Any, tokenizer_path: str) -> Any:
+        from rlcore.agents.loop import build_agent_loop
+
+        key = (repr(agent), tokenizer_path)
+        cached = getattr(self, "_agent", None)
+        if cached is None or cached[0] != key:
+            if cached is not None:
+                cached[1].close()
+            self._agent = (key, build_agent_loop(self.engine, agent, tokenizer_path))
+        return self._agent[1]
+
+    @reports_phase
     def join_weight_group(
         self, transport: str, transport_config: Any, world_size: int, master_addr: str, port: int
     ) -> None:
@@ -363,6 +383,9 @@ class RolloutWorker(Worker):
     @reports_phase
     def shutdown(self) -> None:
         self._close_transports()
+        cached = getattr(self, "_agent", None)
+        if cached is not None:
+            cached[1].close()
         self.engine.shutdown()
 
 

@@ -33,7 +33,14 @@ def completions_to_batch(
     (``cumsum(attention_mask) - 1``, 0 on left padding, the last real position repeated on right
     padding), ``response_mask [B, R]`` (1 on response tokens, the final eos included), all int64; and
     ``rollout_log_probs [B, R]`` float32 (0 on padding) when the completions carry log-probs.
-    Objects: ``response_text``, ``finish_reason``. Meta: ``pad_token_id`` (by which
+
+    A multi-turn completion (``Completion.response_mask`` set) keeps its mask: ``response_mask`` is 1 on
+    model tokens and 0 on tool-observation tokens (and on padding), while ``attention_mask`` is 1 on
+    every real token, observations included (the model reads them). ``rollout_log_probs`` is 0 wherever
+    ``response_mask`` is 0.
+
+    Objects: ``response_text``, ``finish_reason``, and ``agent_info`` (each completion's ``info``, ``{}``
+    when it has none) when any completion carries one. Meta: ``pad_token_id`` (by which
     :meth:`Batch.concat <rlcore.api.Batch.concat>` pads batches of other widths to this layout).
     """
     flat = _flatten(completions)
@@ -55,6 +62,7 @@ def completions_to_batch(
             f"{has[with_log_probs[row]]} them; generate all rows with the same SamplingParams.logprobs"
         )
     log_probs = torch.zeros((B, R), dtype=torch.float32) if all(with_log_probs) else None
+    token_mask = torch.zeros((B, R), dtype=torch.long)  # every real response token, observations included
     for i, c in enumerate(flat):
         p, r = len(c.prompt_ids), len(c.token_ids)
         if p:
@@ -62,15 +70,16 @@ def completions_to_batch(
             prompt_mask[i, P - p :] = 1
         if r:
             responses[i, :r] = torch.as_tensor(c.token_ids, dtype=torch.long)
-            response_mask[i, :r] = 1
+            token_mask[i, :r] = 1
+            response_mask[i, :r] = _model_token_mask(c, i)
         if log_probs is not None:
             if len(c.log_probs) != r:
                 raise ValueError(
                     f"completions_to_batch: row {i} has {r} response tokens but {len(c.log_probs)} log-probs"
                 )
             if r:
-                log_probs[i, :r] = torch.as_tensor(c.log_probs, dtype=torch.float32)
-    attention_mask = torch.cat([prompt_mask, response_mask], dim=1)
+                log_probs[i, :r] = torch.as_tensor(c.log_probs, dtype=torch.float32) * response_mask[i, :r]
+    attention_mask = torch.cat([prompt_mask, token_mask], dim=1)
     tensors = {
         "prompts": prompts,
         "responses": responses,
@@ -82,7 +91,24 @@ def completions_to_batch(
     if log_probs is not None:
         tensors["rollout_log_probs"] = log_probs
     objects = {"response_text": [c.text for c in flat], "finish_reason": [c.finish_reason for c in flat]}
+    if any(c.info is not None for c in flat):
+        objects["agent_info"] = [dict(c.info or {}) for c in flat]
     return Batch(tensors, objects, {"pad_token_id": pad_token_id})
+
+
+def _model_token_mask(completion: Completion, row: int) -> torch.Tensor:
+    """``[r]`` int64: the completion's own ``response_mask`` (checked), or all ones."""
+    r = len(completion.token_ids)
+    if completion.response_mask is None:
+        return torch.ones(r, dtype=torch.long)
+    mask = torch.as_tensor(completion.response_mask, dtype=torch.long)
+    if mask.shape != (r,) or bool(((mask != 0) & (mask != 1)).any()):
+        raise ValueError(
+            f"completions_to_batch: row {row} has {r} response tokens but its response_mask is "
+            f"{completion.response_mask[:16]!r}{'...' if len(completion.response_mask) > 16 else ''} "
+            f"({len(completion.response_mask)} entries); it needs one 0/1 entry per token"
+        )
+    return mask
 
 
 def _flatten(completions: Sequence[Completion] | Sequence[Sequence[Completion]]) -> list[Completion]:

@@ -11,6 +11,9 @@ phase                    adds                                        roles
                          attention_mask, position_ids,
                          response_mask, rollout_log_probs [B*n, .]``,
                          objects ``uid, response_text`` + prompt's
+                         (with ``agent.enabled``: multi-turn
+                         episodes, ``response_mask`` 0 on tool
+                         tokens, objects ``agent_info``)
 ``score``                ``token_level_scores [B, R]``               reward provider (driver)
 ``compute_old_log_probs`` ``old_log_probs [B, R]`` (skipped when     actor
                          on-policy: :func:`needs_old_log_probs`)
@@ -60,13 +63,25 @@ def generate(
 
     Rows of one prompt share its ``uid`` (assigned here unless the prompts carry one) and its objects
     (``data_source``, ``ground_truth``, ``extra_info``, ``index`` ...).
+
+    With ``agent.enabled`` every sample is a multi-turn episode with tools (:mod:`rlcore.agents`): the
+    response holds model turns and tool observations, ``response_mask`` is 0 on the observations, each
+    row's ``extra_info`` gains ``agent`` (turns, tool calls, the final turn's text) for reward functions,
+    and ``agent/*`` metrics are recorded.
     """
     params = ctx.sampling_params(n=n, temperature=temperature)
     if "uid" not in prompts.objects:
         prompts.objects["uid"] = ctx.new_uids(len(prompts))
+    agent = getattr(ctx.config, "agent", None)
     with ctx.phase(phase):
         ctx.memory.use("generate")
-        completions = ctx.rollout.generate(prompt_token_ids(prompts), params)
+        if agent is not None and agent.enabled:
+            model = ctx.config.model
+            completions = ctx.rollout.run_episodes(
+                prompt_token_ids(prompts), params, agent, model.tokenizer_path or model.path
+            )
+        else:
+            completions = ctx.rollout.generate(prompt_token_ids(prompts), params)
     batch = completions_to_batch(completions, ctx.pad_token_id)
     texts = batch.objects["response_text"]
     flat = [c for group in completions for c in group]
@@ -79,7 +94,34 @@ def generate(
     for key, values in expanded.tensors.items():
         if key not in _PROMPT_TENSORS:
             batch.tensors.setdefault(key, values)
+    if "agent_info" in batch.objects:
+        _add_agent_info(ctx, batch)
     return batch
+
+
+def _add_agent_info(ctx: StepContext, batch: Batch) -> None:
+    """Each row's episode facts into its own copy of ``extra_info`` (rows of a prompt shared one), and
+    ``agent/*`` metrics: turns, tool calls and tool errors per episode, the share of episodes per
+    ``stop_reason``, and the share of tokens that are tool observations."""
+    infos = batch.objects["agent_info"]
+    extras = batch.objects.get("extra_info") or [None] * len(batch)
+    batch.objects["extra_info"] = [
+        {**(extra if isinstance(extra, dict) else {}), "agent": info}
+        for extra, info in zip(extras, infos, strict=True)
+    ]
+    rows = max(len(infos), 1)
+    metrics = {
+        f"agent/{key}/mean": sum(float(i.get(key, 0)) for i in infos) / rows
+        for key in ("turns", "tool_calls", "tool_errors")
+    }
+    for reason in ("answer", "max_turns", "length", "budget"):
+        metrics[f"agent/stop_{reason}"] = sum(i.get("stop_reason") == reason for i in infos) / rows
+    width = batch["prompts"].shape[1]
+    observed = batch["attention_mask"][:, width:].sum()
+    metrics["agent/tool_token_fraction"] = float(
+        (observed - batch["response_mask"].sum()) / observed.clamp(min=1)
+    )
+    ctx.record(metrics)
 
 
 def score(ctx: StepContext, batch: Batch, *, phase: str = "score") -> Batch:

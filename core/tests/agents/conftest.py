@@ -1,0 +1,7 @@
+import pytest
+from rlcore.testing.tiny import build_tiny_tokenizer
+
+
+@pytest.fixture(scope="package")
+def tokenizer():
+    return build_tiny_tokenizer()
