@@ -10,6 +10,7 @@ from typing import Any
 
 import attrs
 
+from rlcore.agents.config import AgentConfig
 from rlcore.data.config import DataConfig
 from rlcore.rewards.config import RewardConfig
 from rlcore.rewards.model_config import RewardModelConfig
@@ -312,6 +313,7 @@ class RLConfig:
     rollout: RolloutConfig = attrs.Factory(RolloutConfig)
     reward: RewardConfig = attrs.Factory(RewardConfig)
     reward_model: RewardModelConfig = attrs.Factory(RewardModelConfig)
+    agent: AgentConfig = attrs.Factory(AgentConfig)
     sft: SFTConfig = attrs.Factory(SFTConfig)
     transport: TransportConfig = attrs.Factory(TransportConfig)
     #: Plugin sections, by name (``fsdp``, ``vllm`` ...), each an instance of the plugin's config class.

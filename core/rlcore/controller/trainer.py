@@ -238,6 +238,7 @@ class Trainer:
 
     # -- setup -----------------------------------------------------------------------------------
     def _setup(self, console: Any) -> None:
+        from rlcore.agents.config import data_with_tools
         from rlcore.algorithms.kl import make_kl_controller
         from rlcore.controller.roles import resolve_transport_name
         from rlcore.data import build_train_loader, build_val_loader
@@ -250,8 +251,9 @@ class Trainer:
         self.preset = resolve_preset(cfg.algorithm, algorithm_cls)
         self.algorithm = algorithm_cls(self.preset, cfg)
         self.tokenizer = load_tokenizer(cfg)
-        self.train_loader = build_train_loader(cfg.data, self.tokenizer)
-        self.val_loader = build_val_loader(cfg.data, self.tokenizer)
+        data = data_with_tools(cfg.data, cfg.agent)  # agent runs: prompts offer the tools
+        self.train_loader = build_train_loader(data, self.tokenizer)
+        self.val_loader = build_val_loader(data, self.tokenizer)
         self._batches = iter(self.train_loader)
         self.sft_examples = self._sft_examples()  # bad warm-up data fails before any engine starts
         self.reward = self._rule_reward()
