@@ -141,3 +141,43 @@ def test_rlcore_train_refuses_a_bad_section_before_making_a_run_directory(
 def test_saved_tiny_reward_model_is_a_one_label_sequence_classifier(rm_path):
     saved = json.loads((rm_path / "config.json").read_text())
     assert saved["architectures"] == ["Qwen2ForSequenceClassification"] and num_labels(saved) == 1
+
+
+def test_rlcore_train_runs_rule_and_model_rewards_together(tmp_path, tiny_model_path, rm_path):
+    """The CLI path: the fake policy engines in this process, the reward model on the FSDP engine
+    (``reward_model.engine`` differs from ``engine``), its score added to the rule reward."""
+    import importlib.util
+
+    from rlcore.controller.loggers import read_metrics
+
+    spec = importlib.util.spec_from_file_location(
+        "trainer_task", Path(__file__).parents[1] / "controller" / "trainer_task.py"
+    )
+    task = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(task)
+    files = task.write_task(tmp_path / "task")
+    args = task.task_overrides(
+        tmp_path,
+        files,
+        "grpo",
+        model__path=tiny_model_path,
+        trainer__total_steps=2,
+        trainer__val_freq=2,
+        reward_model__enabled="true",
+        reward_model__model_path=rm_path,
+        reward_model__engine="fsdp",
+        reward_model__combine="add",
+    )
+    result = subprocess.run([str(RLCORE), "train", *args], capture_output=True, text=True, timeout=300)
+    assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
+    records = read_metrics(tmp_path / "runs" / "run" / "metrics.jsonl")
+    steps = [r for r in records if r["step"] > 0]
+    assert len(steps) == 2
+    for r in steps:
+        # Both providers scored: the rule's error count and the model's scores are in every step.
+        assert r["reward/errors"] == 0.0 and r["reward_model/retokenized"] == 0.0
+        assert r["reward_model/score_std"] > 0
+        assert r["reward/mean"] == pytest.approx(
+            r["reward_model/score_mean"] + r["reward_model/rule_score_mean"], abs=1e-5
+        )
+    assert "val/reward" in records[0] and "val/reward" in steps[-1]
