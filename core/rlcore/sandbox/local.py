@@ -1,0 +1,395 @@
+"""The ``local`` sandbox: each call runs in a fresh, limited Python process on this machine.
+
+Per call: a scratch directory (the code's cwd, ``HOME`` and ``TMPDIR``; removed afterwards), a new
+session, a minimal environment, a pids cgroup where one can be made, and the child side
+(:mod:`rlcore.sandbox._child`) that applies namespaces, rlimits, Landlock and the audit-hook guard
+before the code runs. The wall-clock limit kills the whole process group, the pid namespace and the
+cgroup. Which layers held is in every result's ``isolation`` (``docs/agents.md``, "The sandbox").
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import shutil
+import signal
+import stat
+import sys
+import tempfile
+import time
+import weakref
+from pathlib import Path
+from typing import Any
+
+from rlcore.sandbox import cgroups
+from rlcore.sandbox.api import Sandbox, SandboxLimits, SandboxResult
+
+MODES = ("auto", "require", "off")
+_CHILD_SOURCE = (Path(__file__).parent / "_child.py").read_text()
+_READ_CHUNK = 64 * 1024
+
+
+def _mode(name: str, value: Any) -> str:
+    """``None``/``True``/``False`` or a mode string -> ``auto``/``require``/``off``."""
+    mode = {None: "auto", True: "require", False: "off"}.get(value, value)
+    if mode not in MODES:
+        raise ValueError(
+            f"LocalSandbox {name}={value!r}: use one of {', '.join(MODES)} (or None/True/False for "
+            "auto/require/off)"
+        )
+    return mode
+
+
+class LocalSandbox(Sandbox):
+    """Runs each call in a child interpreter under ``limits``.
+
+    ``namespaces``, ``landlock`` and ``cgroup`` are each ``"auto"`` (use when the kernel allows it),
+    ``"require"`` (a call fails with status ``error`` when it does not) or ``"off"``. ``guard`` installs
+    an audit hook in the child that refuses what no kernel layer covers (see :mod:`rlcore.sandbox._child`).
+    ``python`` is the interpreter (default: this one); ``site_packages`` lets the code import its
+    installed packages (numpy, sympy ...), otherwise only the standard library. ``max_concurrency``
+    bounds the calls running at once per event loop (default: twice the CPU count).
+    """
+
+    name = "local"
+
+    def __init__(
+        self,
+        *,
+        limits: SandboxLimits | None = None,
+        namespaces: str | bool | None = "auto",
+        landlock: str | bool | None = "auto",
+        cgroup: str | bool | None = "auto",
+        guard: bool = True,
+        python: str | None = None,
+        site_packages: bool = False,
+        max_concurrency: int | None = None,
+        scratch_root: str | None = None,
+    ):
+        super().__init__(limits=limits)
+        self.namespaces = _mode("namespaces", namespaces)
+        self.landlock = _mode("landlock", landlock)
+        self.cgroup = _mode("cgroup", cgroup)
+        self.guard = bool(guard)
+        self.python = python or sys.executable
+        self.site_packages = bool(site_packages)
+        self.max_concurrency = max_concurrency or 2 * (os.cpu_count() or 1)
+        self.scratch_root = scratch_root
+        self._semaphores: weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, asyncio.Semaphore] = (
+            weakref.WeakKeyDictionary()
+        )
+
+    def __repr__(self) -> str:
+        return (
+            f"LocalSandbox(namespaces={self.namespaces!r}, landlock={self.landlock!r}, "
+            f"cgroup={self.cgroup!r}, guard={self.guard}, limits={self.limits})"
+        )
+
+    def isolation(self) -> dict[str, Any]:
+        """The layers a call gets on this machine (runs one trivial call to find out)."""
+        return self.run_sync("pass").isolation
+
+    async def run(self, code: str, *, stdin: str = "", limits: SandboxLimits | None = None) -> SandboxResult:
+        loop = asyncio.get_running_loop()
+        semaphore = self._semaphores.get(loop)
+        if semaphore is None:
+            semaphore = self._semaphores[loop] = asyncio.Semaphore(self.max_concurrency)
+        async with semaphore:
+            return await self._run(code, stdin, limits or self.limits)
+
+    # -- one call --------------------------------------------------------------------------------
+    async def _run(self, code: str, stdin: str, limits: SandboxLimits) -> SandboxResult:
+        start = time.monotonic()
+        workdir = Path(tempfile.mkdtemp(prefix="rlcore-sandbox-", dir=self.scratch_root))
+        scratch = workdir / "scratch"
+        scratch.mkdir(mode=0o700)
+        (scratch / "main.py").write_text(code, encoding="utf-8")
+        group = cgroups.create(limits.max_processes) if self.cgroup != "off" else None
+        if group is None and self.cgroup == "require":
+            _rmtree(workdir)
+            return SandboxResult(
+                status="error",
+                message="cgroup='require' but no pids cgroup can be created here (needs root or a "
+                "delegated cgroup v2 subtree with the pids controller)",
+                wall_s=time.monotonic() - start,
+            )
+        report_r, report_w = os.pipe()
+        proc: asyncio.subprocess.Process | None = None
+        readers: list[asyncio.Task] = []
+        timed_out = False
+        try:
+            config = {
+                "scratch": str(scratch),
+                "report_fd": report_w,
+                "limits": {
+                    "cpu_s": limits.cpu_s,
+                    "memory_mib": limits.memory_mib,
+                    "max_processes": limits.max_processes,
+                    "max_file_bytes": limits.max_file_bytes,
+                    "max_open_files": limits.max_open_files,
+                },
+                "namespaces": self.namespaces,
+                "landlock": self.landlock,
+                "cgroup": str(group) if group else None,
+                "cgroup_mode": self.cgroup,
+                "guard": self.guard,
+            }
+            # -I: no user site, no PYTHON* variables, no cwd on sys.path; -S: no site-packages at all.
+            flags = ["-I", "-B", "-X", "utf8"] + ([] if self.site_packages else ["-S"])
+            try:
+                proc = await asyncio.create_subprocess_exec(
+                    self.python,
+                    *flags,
+                    "-c",
+                    _CHILD_SOURCE,
+                    json.dumps(config),
+                    stdin=asyncio.subprocess.PIPE,
+                    stdout=asyncio.subprocess.PIPE,
+                    stderr=asyncio.subprocess.PIPE,
+                    cwd=scratch,
+                    env=_environment(scratch),
+                    start_new_session=True,
+                    pass_fds=(report_w,),
+                )
+            except OSError as exc:
+                return SandboxResult(
+                    status="error",
+                    message=f"could not start {self.python}: {exc}",
+                    wall_s=time.monotonic() - start,
+                )
+            finally:
+                os.close(report_w)
+            cap = limits.max_output_bytes
+            readers = [
+                asyncio.create_task(_read_capped(proc.stdout, cap)),
+                asyncio.create_task(_read_capped(proc.stderr, cap)),
+            ]
+            feeder = asyncio.create_task(_feed(proc.stdin, stdin.encode()))
+            timed_out = not await _exited(proc, limits.wall_s)
+            feeder.cancel()
+            _kill_group(proc.pid)
+            if group is not None:
+                await asyncio.to_thread(cgroups.kill_all, group)
+            # Every writer of the pipes is dead now, unless code outside every layer left the session:
+            # then stop reading rather than wait for it.
+            done, _ = await asyncio.wait(readers, timeout=2.0)
+            outputs = [t.result() if t in done else (b"", False) for t in readers]
+            if len(done) < len(readers):
+                proc._transport.close()  # type: ignore[attr-defined]  # else wait() waits for the pipes
+            await proc.wait()
+            report = _read_report(report_r)
+        finally:
+            if proc is not None and proc.returncode is None:
+                _kill_group(proc.pid)
+            for task in readers:
+                task.cancel()
+            os.close(report_r)
+            if group is not None:
+                await asyncio.to_thread(cgroups.remove, group)
+            _rmtree(workdir)
+        (stdout, out_cut), (stderr, err_cut) = outputs
+        return _result(
+            report,
+            stdout.decode("utf-8", "replace"),
+            stderr.decode("utf-8", "replace"),
+            timed_out=timed_out,
+            returncode=proc.returncode,
+            limits=limits,
+            truncated=out_cut or err_cut,
+            wall_s=time.monotonic() - start,
+        )
+
+
+def _environment(scratch: Path) -> dict[str, str]:
+    """Nothing of the caller's environment (tokens, cluster addresses) reaches the code."""
+    return {
+        "PATH": "/usr/local/bin:/usr/bin:/bin",
+        "HOME": str(scratch),
+        "TMPDIR": str(scratch),
+        "LANG": "C.UTF-8",
+        "LC_ALL": "C.UTF-8",
+        # Native thread pools each reserve address space: one thread keeps RLIMIT_AS meaningful.
+        "OMP_NUM_THREADS": "1",
+        "OPENBLAS_NUM_THREADS": "1",
+        "MKL_NUM_THREADS": "1",
+    }
+
+
+async def _exited(proc: asyncio.subprocess.Process, timeout: float) -> bool:
+    """Whether ``proc`` ended within ``timeout`` s. ``proc.wait()`` would also wait for its pipes to
+    close, which a background child holding them delays until the limit."""
+    loop = asyncio.get_running_loop()
+    end = loop.time() + timeout
+    pause = 0.002
+    while proc.returncode is None:
+        if loop.time() >= end:
+            return False
+        await asyncio.sleep(min(pause, end - loop.time()))
+        pause = min(pause * 2, 0.02)
+    return True
+
+
+async def _read_capped(stream: asyncio.StreamReader, cap: int) -> tuple[bytes, bool]:
+    """Read ``stream`` to EOF, keeping its first ``cap`` bytes; whether more came."""
+    kept = bytearray()
+    cut = False
+    while chunk := await stream.read(_READ_CHUNK):
+        room = cap - len(kept)
+        if len(chunk) > room:
+            cut = True
+        if room > 0:
+            kept += chunk[:room]
+    return bytes(kept), cut
+
+
+async def _feed(pipe: asyncio.StreamWriter, data: bytes) -> None:
+    try:
+        if data:
+            pipe.write(data)
+            await pipe.drain()
+        pipe.close()
+    except (BrokenPipeError, ConnectionResetError):
+        pass  # the code exited without reading all of its stdin
+
+
+def _kill_group(pgid: int) -> None:
+    try:
+        os.killpg(pgid, signal.SIGKILL)
+    except (ProcessLookupError, PermissionError):
+        pass
+
+
+def _read_report(fd: int) -> dict[str, Any]:
+    """Merge the child's JSON lines (``outer``, ``user``, ``exit``, ``fatal``) into one dict."""
+    os.set_blocking(fd, False)
+    data = b""
+    while True:
+        try:
+            chunk = os.read(fd, _READ_CHUNK)
+        except BlockingIOError:
+            break
+        if not chunk:
+            break
+        data += chunk
+    report: dict[str, Any] = {}
+    for line in data.decode("utf-8", "replace").splitlines():
+        try:
+            record = json.loads(line)
+        except ValueError:
+            continue
+        if isinstance(record, dict):
+            report.update(record)
+    return report
+
+
+def _isolation(report: dict[str, Any]) -> dict[str, Any]:
+    """Which layer holds each kind of containment (``none``: nothing does)."""
+    outer = report.get("outer", {})
+    user = report.get("user", {})
+    landlock = user.get("landlock", {})
+    guard = set(user.get("guard", []))
+    abi = landlock.get("abi", 0)
+
+    def pick(*layers: tuple[str, bool]) -> list[str]:
+        return [name for name, held in layers if held] or ["none"]
+
+    return {
+        "network": pick(
+            ("netns", outer.get("netns", False)),
+            ("landlock-tcp", landlock.get("net", False)),
+            ("guard", "network" in guard),
+        ),
+        "filesystem": pick(("landlock", abi >= 1), ("guard", "files" in guard)),
+        "processes": pick(
+            ("cgroup-pids", outer.get("cgroup", False)),
+            ("rlimit-nproc", user.get("nproc") is not None),
+            ("guard", "processes" in guard),
+        ),
+        "signals": pick(
+            ("pid-namespace", outer.get("pidns", False)),
+            ("landlock-scope", landlock.get("signals", False)),
+            ("guard", "signals" in guard),
+        ),
+        "cleanup": ["pid-namespace", "process-group"] if outer.get("pidns") else ["process-group"],
+        "private_proc": bool(user.get("proc", False)),
+        "landlock_abi": abi,
+        "guard": sorted(guard),
+    }
+
+
+def _result(
+    report: dict[str, Any],
+    stdout: str,
+    stderr: str,
+    *,
+    timed_out: bool,
+    returncode: int | None,
+    limits: SandboxLimits,
+    truncated: bool,
+    wall_s: float,
+) -> SandboxResult:
+    common = {
+        "stdout": stdout,
+        "stderr": stderr,
+        "wall_s": wall_s,
+        "truncated": truncated,
+        "isolation": _isolation(report),
+        "cpu_s": report.get("cpu_s"),
+    }
+    if timed_out:
+        return SandboxResult(
+            status="timeout", message=f"killed after the wall-clock limit of {limits.wall_s:g} s", **common
+        )
+    if "fatal" in report:
+        return SandboxResult(status="error", exit_code=None, message=report["fatal"], **common)
+    status = report.get("exit")
+    if status is None:
+        return SandboxResult(
+            status="killed",
+            exit_code=returncode,
+            message=f"the sandbox's own process ended without a report (exit status {returncode})",
+            **common,
+        )
+    if os.WIFSIGNALED(status):
+        sig = os.WTERMSIG(status)
+        exit_code = -sig
+        if sig == signal.SIGXCPU or (sig == signal.SIGKILL and (report.get("cpu_s") or 0) >= limits.cpu_s):
+            return SandboxResult(
+                status="timeout",
+                exit_code=exit_code,
+                message=f"killed at the CPU-time limit of {limits.cpu_s:g} s",
+                **common,
+            )
+        return SandboxResult(
+            status="killed", exit_code=exit_code, message=f"killed by {signal.Signals(sig).name}", **common
+        )
+    exit_code = os.WEXITSTATUS(status)
+    if exit_code == 0:
+        return SandboxResult(status="ok", exit_code=0, **common)
+    last = stderr.rstrip().rsplit("\n", 1)[-1]
+    if last.startswith("MemoryError"):
+        return SandboxResult(
+            status="memory",
+            exit_code=exit_code,
+            message=f"out of memory at the limit of {limits.memory_mib} MiB",
+            **common,
+        )
+    return SandboxResult(status="error", exit_code=exit_code, message=f"exit code {exit_code}", **common)
+
+
+def _rmtree(path: Path) -> None:
+    """Remove ``path`` even where the code took its own permissions away."""
+
+    def retry(function: Any, failed: str, _exc: Any) -> None:
+        try:
+            os.chmod(os.path.dirname(failed), stat.S_IRWXU)
+            if os.path.isdir(failed) and not os.path.islink(failed):
+                os.chmod(failed, stat.S_IRWXU)
+            function(failed)
+        except OSError:
+            pass
+
+    shutil.rmtree(path, onerror=retry)
+    if path.exists():
+        shutil.rmtree(path, ignore_errors=True)

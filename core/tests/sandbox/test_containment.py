@@ -1,0 +1,245 @@
+"""Acceptance: hostile code is contained and reported, and the next call still works.
+
+Each case runs under two configurations of the local sandbox:
+
+- ``kernel``: the kernel's layers only (network and pid namespaces, Landlock, a pids cgroup), each
+  required, and the in-process guard off, so a pass shows the kernel layer holding;
+- ``guard``: every kernel layer off and the audit-hook guard on (the fallback where namespaces,
+  Landlock and cgroups are not permitted), so a pass shows the guard holding.
+
+This machine (root in a container, Linux 6.18, Landlock ABI 7, cgroup v1 pids hierarchy writable) has
+every kernel layer; a machine without one fails the ``kernel`` cases with the sandbox's message saying
+which layer is missing.
+"""
+
+from __future__ import annotations
+
+import os
+import socket
+import subprocess
+import sys
+import threading
+from pathlib import Path
+
+import pytest
+from rlcore.sandbox import SandboxLimits, cgroups
+from rlcore.sandbox.local import LocalSandbox
+
+LIMITS = SandboxLimits(wall_s=3, cpu_s=2, memory_mib=512, max_processes=8)
+CONFIGS = {
+    "kernel": {"namespaces": "require", "landlock": "require", "cgroup": "require", "guard": False},
+    "guard": {"namespaces": "off", "landlock": "off", "cgroup": "off", "guard": True},
+}
+
+
+@pytest.fixture(params=sorted(CONFIGS))
+def sandbox(request, tmp_path: Path) -> LocalSandbox:
+    root = tmp_path / "sandboxes"
+    root.mkdir()
+    box = LocalSandbox(limits=LIMITS, scratch_root=str(root), **CONFIGS[request.param])
+    box.config_name = request.param
+    yield box
+    assert list(root.iterdir()) == [], "a scratch directory was left behind"
+    parent = cgroups.pids_cgroup_parent()
+    if parent is not None:
+        assert not list(parent.glob(f"rlcore-sandbox-{os.getpid()}-*")), "a pids cgroup was left behind"
+
+
+def still_works(sandbox: LocalSandbox) -> None:
+    result = sandbox.run_sync("import sys\nprint(sum(map(int, sys.stdin.read().split())))", stdin="20 22")
+    assert (result.status, result.stdout) == ("ok", "42\n"), result
+
+
+def test_the_layers_each_configuration_claims(sandbox):
+    isolation = sandbox.isolation()
+    if sandbox.config_name == "kernel":
+        assert isolation["network"] == ["netns", "landlock-tcp"]
+        assert isolation["filesystem"] == ["landlock"]
+        assert isolation["processes"] == ["cgroup-pids"]
+        assert isolation["cleanup"] == ["pid-namespace", "process-group"]
+        assert isolation["private_proc"] and isolation["guard"] == []
+    else:
+        for kind in ("network", "filesystem", "processes", "signals"):
+            assert isolation[kind] == ["guard"], (kind, isolation)
+        assert isolation["cleanup"] == ["process-group"]
+
+
+def test_infinite_loop(sandbox):
+    result = sandbox.run_sync("while True:\n    pass\n")
+    assert result.status == "timeout", result
+    assert result.wall_s < LIMITS.wall_s + 5
+    still_works(sandbox)
+
+
+def test_sleeping_forever_hits_the_wall_clock_limit(sandbox):
+    result = sandbox.run_sync("import time\nprint('started', flush=True)\ntime.sleep(3600)")
+    assert result.status == "timeout" and "wall-clock" in result.message
+    assert result.stdout == "started\n"  # output before the kill is kept
+    still_works(sandbox)
+
+
+def test_fork_bomb(sandbox):
+    bomb = "import os\nwhile True:\n    try:\n        os.fork()\n    except OSError:\n        pass\n"
+    result = sandbox.run_sync(bomb)
+    assert result.status == "timeout", result
+    still_works(sandbox)
+
+
+def test_process_count_is_bounded(sandbox):
+    """The bomb's children sleep, so the count of forks that succeeded is what the limit allowed."""
+    code = (
+        "import os, time\n"
+        "made = 0\n"
+        "for _ in range(200):\n"
+        "    try:\n"
+        "        pid = os.fork()\n"
+        "    except OSError as exc:\n"
+        "        print('refused:', exc)\n"
+        "        break\n"
+        "    if pid == 0:\n"
+        "        time.sleep(60)\n"
+        "        os._exit(0)\n"
+        "    made += 1\n"
+        "print('made', made)\n"
+    )
+    result = sandbox.run_sync(code)
+    assert result.status == "ok", result
+    made = int(result.stdout.split("made ")[-1])
+    if sandbox.config_name == "kernel":
+        # The cgroup holds the sandbox's outer process, pid 1 of the namespace and the code itself.
+        assert made == LIMITS.max_processes - 3, result.stdout
+        assert "Resource temporarily unavailable" in result.stdout
+    else:
+        assert made == 0 and "sandbox: starting a process (os.fork) is not allowed" in result.stdout
+    still_works(sandbox)
+
+
+def test_ten_gib_allocation(sandbox):
+    result = sandbox.run_sync("block = bytearray(10 * 2**30)\nprint(len(block))")
+    assert result.status == "memory", result
+    assert result.stdout == ""
+    still_works(sandbox)
+
+
+def test_network_call(sandbox):
+    """A server on this machine's loopback that a normal child process can reach; the sandbox cannot."""
+    server = socket.create_server(("127.0.0.1", 0))
+    port = server.getsockname()[1]
+    server.settimeout(0.1)
+    accepted: list[object] = []
+    stop = threading.Event()
+
+    def serve() -> None:
+        while not stop.is_set():
+            try:
+                conn, _ = server.accept()
+            except TimeoutError:
+                continue
+            accepted.append(conn)
+            conn.sendall(b"hello")
+            conn.close()
+
+    code = f"import socket\ns = socket.create_connection(('127.0.0.1', {port}), timeout=2)\nprint(s.recv(5))"
+    thread = threading.Thread(target=serve)
+    thread.start()
+    try:
+        # The control: outside the sandbox the same code connects (so the test can fail).
+        plain = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=30)
+        assert plain.stdout == "b'hello'\n" and len(accepted) == 1
+        accepted.clear()
+        result = sandbox.run_sync(code)
+    finally:
+        stop.set()
+        thread.join()
+        server.close()
+    assert result.status == "error", result
+    assert accepted == [] and "hello" not in result.stdout
+    if sandbox.config_name == "guard":
+        assert "sandbox: name resolution is not allowed" in result.stderr
+    still_works(sandbox)
+
+
+def test_name_resolution_and_raw_ip_connections(sandbox):
+    result = sandbox.run_sync(
+        "import socket\ns = socket.socket(socket.AF_INET, socket.SOCK_STREAM)\ns.settimeout(2)\n"
+        "s.connect(('1.1.1.1', 53))\nprint('connected')"
+    )
+    assert result.status == "error" and "connected" not in result.stdout, result
+    result = sandbox.run_sync("import socket\nprint(socket.getaddrinfo('pypi.org', 443))")
+    assert result.status == "error", result
+    still_works(sandbox)
+
+
+def test_write_outside_the_scratch_directory(sandbox, tmp_path: Path):
+    # World-writable, so file permissions alone would allow it: only the sandbox refuses.
+    outside = tmp_path / "outside"
+    outside.mkdir()
+    outside.chmod(0o777)
+    keep = outside / "keep.txt"
+    keep.write_text("original")
+    attempts = {
+        "create": f"open({str(outside / 'new.txt')!r}, 'w').write('x')",
+        "overwrite": f"open({str(keep)!r}, 'w').write('changed')",
+        "append": f"open({str(keep)!r}, 'a').write('more')",
+        "delete": f"import os\nos.remove({str(keep)!r})",
+        "rename": f"import os\nos.rename({str(keep)!r}, 'stolen.txt')",
+        "mkdir": f"import os\nos.mkdir({str(outside / 'dir')!r})",
+        "symlink": f"import os\nos.symlink({str(keep)!r}, 'link')\nopen('link', 'w').write('via link')",
+        "dotdot": "open('../../escaped.txt', 'w').write('x')",
+    }
+    for name, code in attempts.items():
+        result = sandbox.run_sync(code)
+        assert result.status == "error", (name, result)
+        assert "PermissionError" in result.stderr, (name, result.stderr)
+    assert sorted(p.name for p in outside.iterdir()) == ["keep.txt"]
+    assert keep.read_text() == "original"
+    assert not (tmp_path / "escaped.txt").exists()
+    # Writing inside the scratch directory is fine, /dev/null too.
+    inside = sandbox.run_sync(
+        "import os\nos.makedirs('a/b')\nopen('a/b/f.txt', 'w').write('x')\nos.rename('a/b/f.txt', 'g')\n"
+        "open(os.devnull, 'w').write('y')\nprint(open('g').read())"
+    )
+    assert (inside.status, inside.stdout) == ("ok", "x\n"), inside
+    still_works(sandbox)
+
+
+def test_signals_to_processes_outside_the_sandbox(sandbox):
+    victim = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"])
+    try:
+        result = sandbox.run_sync(f"import os\nos.kill({victim.pid}, 9)\nprint('sent')")
+        assert result.status == "error" and "sent" not in result.stdout, result
+        assert victim.poll() is None, "the sandboxed code killed a process outside the sandbox"
+    finally:
+        victim.kill()
+        victim.wait()
+    still_works(sandbox)
+
+
+def test_leftover_processes_are_killed_when_the_call_ends(tmp_path: Path):
+    """With no pid namespace and no cgroup, the process group is what ends a background child."""
+    box = LocalSandbox(
+        limits=LIMITS, scratch_root=str(tmp_path), namespaces="off", cgroup="off", landlock="off", guard=False
+    )
+    result = box.run_sync(
+        "import subprocess, sys\n"
+        "child = subprocess.Popen([sys.executable, '-c', 'import time; time.sleep(120)'])\n"
+        "print(child.pid)\n"
+    )
+    assert result.status == "ok", result
+    pid = int(result.stdout)
+    assert _gone(pid), f"background process {pid} outlived its sandbox call"
+
+
+def _gone(pid: int, timeout_s: float = 5.0) -> bool:
+    import time
+
+    end = time.monotonic() + timeout_s
+    while time.monotonic() < end:
+        try:
+            state = Path(f"/proc/{pid}/stat").read_text().split(")")[-1].split()[0]
+        except OSError:
+            return True
+        if state == "Z":
+            return True
+        time.sleep(0.05)
+    return False
