@@ -10,6 +10,8 @@ from rlcore.rewards.config import RewardConfig
 
 #: Data sources scored by the MATH rule (last ``\\boxed{}`` answer, normalised), as in verl.
 MATH_DATA_SOURCES = ("lighteval/MATH", "DigitalLearningGmbH/MATH-lighteval", "HuggingFaceH4/MATH-500")
+#: Data sources scored by running the response's code against test cases in the sandbox.
+CODE_DATA_SOURCES = ("code", "codecontests", "deepmind/code_contests")
 
 
 @hookimpl
@@ -17,6 +19,8 @@ def register_reward_functions(register):
     register("openai/gsm8k", "rlcore.rewards.gsm8k:compute_score")
     for source in MATH_DATA_SOURCES:
         register(source, "rlcore.rewards.math_reward:compute_score")
+    for source in CODE_DATA_SOURCES:
+        register(source, "rlcore.rewards.code:compute_score")
 
 
 @hookimpl

@@ -4,9 +4,10 @@
 from __future__ import annotations
 
 from rlcore import hookimpl
+from rlcore.sandbox import BUILTIN_SANDBOXES
 
 
 @hookimpl
 def register_sandboxes(register):
-    register("local", "rlcore.sandbox.local:LocalSandbox")
-    register("http", "rlcore.sandbox.http:HttpSandbox")
+    for name, target in BUILTIN_SANDBOXES.items():
+        register(name, target)
