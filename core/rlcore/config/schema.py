@@ -14,6 +14,7 @@ from rlcore.agents.config import AgentConfig
 from rlcore.data.config import DataConfig
 from rlcore.rewards.config import RewardConfig
 from rlcore.rewards.model_config import RewardModelConfig
+from rlcore.sandbox.config import SandboxConfig
 
 
 class FieldValueError(ValueError):
@@ -314,6 +315,7 @@ class RLConfig:
     reward: RewardConfig = attrs.Factory(RewardConfig)
     reward_model: RewardModelConfig = attrs.Factory(RewardModelConfig)
     agent: AgentConfig = attrs.Factory(AgentConfig)
+    sandbox: SandboxConfig = attrs.Factory(SandboxConfig)
     sft: SFTConfig = attrs.Factory(SFTConfig)
     transport: TransportConfig = attrs.Factory(TransportConfig)
     #: Plugin sections, by name (``fsdp``, ``vllm`` ...), each an instance of the plugin's config class.
