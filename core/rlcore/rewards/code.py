@@ -31,7 +31,14 @@ from typing import Any
 
 import attrs
 
-from rlcore.sandbox import Sandbox, SandboxLimits, SandboxResult, get_sandbox, run_coroutine_sync
+from rlcore.sandbox import (
+    Sandbox,
+    SandboxLimits,
+    SandboxResult,
+    default_sandbox,
+    get_sandbox,
+    run_coroutine_sync,
+)
 
 _sandboxes: dict[Any, Sandbox] = {}
 
@@ -178,7 +185,9 @@ async def run_tests(
     return [t.result() if t in done else TestOutcome(False, None) for t in tasks]
 
 
-def _sandbox(name: str, options: dict[str, Any]) -> Sandbox:
+def _sandbox(name: str | None, options: dict[str, Any]) -> Sandbox:
+    if name is None:
+        return default_sandbox()
     key = (name, json.dumps(options, sort_keys=True, default=str))
     if key not in _sandboxes:
         _sandboxes[key] = get_sandbox(name, **options)
@@ -191,7 +200,7 @@ def compute_score(
     ground_truth: Any,
     extra_info: dict | None = None,
     *,
-    sandbox: str = "local",
+    sandbox: str | None = None,
     sandbox_options: dict[str, Any] | None = None,
     timeout_s: float = 4.0,
     memory_mib: int = 512,
@@ -201,7 +210,8 @@ def compute_score(
     """Pass fraction of the tests in ``ground_truth`` (verl's ``compute_score`` signature).
 
     Returns ``{"score", "passed", "total", "timeouts", "errors", "no_code"}`` (numbers, logged per
-    sample). ``timeout_s`` and ``memory_mib`` limit each test run; ``time_budget_s`` bounds the whole
+    sample). ``sandbox`` names the sandbox (with ``sandbox_options``); ``None`` takes the run's
+    ``sandbox:`` section (:func:`rlcore.sandbox.default_sandbox`), whose limits this scorer replaces. ``timeout_s`` and ``memory_mib`` limit each test run; ``time_budget_s`` bounds the whole
     scoring and must stay below ``reward.timeout_s`` (tests still running then fail). A per-problem
     ``extra_info["time_limit_s"]`` overrides ``timeout_s``. ``max_tests`` keeps the first tests only.
     Bad ground truth raises ``ValueError`` (a data problem, reported by the reward provider).

@@ -15,19 +15,24 @@ layer of the local sandbox guarantees is in ``docs/agents.md``, "The sandbox".
 from __future__ import annotations
 
 import importlib
+import os
 from typing import Any
 
 from rlcore.sandbox.api import STATUSES, Sandbox, SandboxLimits, SandboxResult, run_coroutine_sync
-from rlcore.sandbox.config import SandboxConfig
+from rlcore.sandbox.config import SANDBOX_ENV, SandboxConfig, default_sandbox_config, export_default
 
 __all__ = [
     "BUILTIN_SANDBOXES",
+    "SANDBOX_ENV",
     "STATUSES",
     "Sandbox",
     "SandboxConfig",
     "SandboxError",
     "SandboxLimits",
     "SandboxResult",
+    "default_sandbox",
+    "default_sandbox_config",
+    "export_default",
     "get_sandbox",
     "run_coroutine_sync",
 ]
@@ -68,3 +73,15 @@ def get_sandbox(name: str = "local", **options: Any) -> Sandbox:
             f"sandbox {name!r} ({cls.__module__}.{cls.__qualname__}) does not take these options: {exc}. "
             "Check sandbox.options."
         ) from exc
+
+
+_defaults: dict[str, Sandbox] = {}
+
+
+def default_sandbox() -> Sandbox:
+    """The run's sandbox (the driver's ``sandbox:`` section, see :func:`export_default`), built once per
+    process and section."""
+    key = os.environ.get(SANDBOX_ENV, "")
+    if key not in _defaults:
+        _defaults[key] = default_sandbox_config().build()
+    return _defaults[key]
