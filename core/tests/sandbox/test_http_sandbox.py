@@ -148,3 +148,31 @@ def test_concurrent_calls(server):
 def test_needs_a_url():
     with pytest.raises(ValueError, match="needs url="):
         HttpSandbox()
+
+
+def test_the_run_sandbox_section_reaches_the_code_reward(server, monkeypatch):
+    """export_default (the driver) -> RLCORE_SANDBOX -> default_sandbox (a worker) -> the code reward."""
+    from rlcore.rewards.code import compute_score
+    from rlcore.sandbox import (
+        SANDBOX_ENV,
+        SandboxConfig,
+        default_sandbox,
+        default_sandbox_config,
+        export_default,
+    )
+
+    monkeypatch.setenv(SANDBOX_ENV, "")  # restored after the test
+    assert default_sandbox_config() == SandboxConfig()
+    section = SandboxConfig(name="http", limits=SandboxLimits(wall_s=5), options={"url": server + "/tagged"})
+    export_default(section)
+    assert default_sandbox_config() == section
+    assert isinstance(default_sandbox(), HttpSandbox) and default_sandbox().limits.wall_s == 5
+    before = len(Handler.requests)
+    truth = {"inputs": ["3\n", "4\n"], "outputs": ["9\n", "16\n"]}
+    score = compute_score("code", "```python\nn = int(input())\nprint(n * n)\n```", truth)
+    assert score["score"] == 1.0
+    assert [r["mode"] for r in Handler.requests[before:]] == ["tagged", "tagged"]
+
+    monkeypatch.setenv(SANDBOX_ENV, '{"name": "http", "limits": {"wall": 1}}')
+    with pytest.raises(ValueError, match="RLCORE_SANDBOX=.*is not a sandbox section.*unexpected keyword"):
+        default_sandbox_config()
