@@ -78,7 +78,7 @@ def rm_rows(batch, tokenizer: str, rm_path: Path) -> list[list[int]]:
     return rows
 
 
-def run(tmp_path: Path, tiny_model_path: Path, algorithm: str, tokenizer: str, combine: str):
+def run(tmp_path: Path, tiny_model_path: Path, algorithm: str, tokenizer: str, combine: str, ranks: int):
     rm_path = build_tiny_reward_model(tmp_path / f"rm-{tokenizer}", tokenizer=tokenizer)
     files = task.write_task(tmp_path / "task")
     config = task.task_config(
@@ -100,6 +100,7 @@ def run(tmp_path: Path, tiny_model_path: Path, algorithm: str, tokenizer: str, c
         reward_model__enabled="true",
         reward_model__model_path=rm_path,
         reward_model__micro_batch_size=5,
+        reward_model__world_size=ranks,
         reward_model__combine=combine,
     )
     config, run_dir, _ = prepare_run(config)
@@ -117,19 +118,21 @@ def run(tmp_path: Path, tiny_model_path: Path, algorithm: str, tokenizer: str, c
 
 
 @pytest.mark.parametrize(
-    "algorithm, tokenizer, combine",
-    [("grpo", "own", "replace"), ("ppo", "policy", "add")],
+    "algorithm, tokenizer, combine, ranks",
+    [("grpo", "own", "replace", 2), ("ppo", "policy", "add", 1)],
 )
 def test_reward_model_scores_on_its_own_worker_and_the_algorithm_consumes_them(
-    tmp_path, tiny_model_path, ray_cluster, algorithm, tokenizer, combine
+    tmp_path, tiny_model_path, ray_cluster, algorithm, tokenizer, combine, ranks
 ):
     trainer, recording, workers, timings, rm_path = run(
-        tmp_path, tiny_model_path, algorithm, tokenizer, combine
+        tmp_path, tiny_model_path, algorithm, tokenizer, combine, ranks
     )
-    # The reward model ran in a Ray worker process of its own role, and scored there.
-    assert [w["role"] for w in workers] == ["reward_model"]
-    assert workers[0]["pid"] != os.getpid() and workers[0]["placement_group"] is not None
-    assert "infer" in timings[0]
+    # The reward model ran in Ray worker processes of its own role (for GRPO two FSDP ranks, each
+    # scoring its share of every batch), and scored there.
+    assert [(w["role"], w["rank"]) for w in workers] == [("reward_model", r) for r in range(ranks)]
+    assert all(w["pid"] != os.getpid() and w["placement_group"] is not None for w in workers)
+    assert len({w["pid"] for w in workers}) == ranks
+    assert all("infer" in t for t in timings)
 
     records = [r for r in trainer.history if r["step"] > 0]
     assert len(records) == 2 and len(recording.batches) == 2
