@@ -215,3 +215,14 @@ def test_add_without_a_rule_provider_is_refused(same_rm, policy_tokenizer):
 
 def test_config_default_is_replace():
     assert RewardModelConfig().combine == "replace"
+
+
+def test_an_input_longer_than_the_reward_models_positions_is_refused(same_rm, policy_tokenizer):
+    path, role, config = same_rm
+    provider = ModelRewardProvider(role, config, policy_tokenizer)
+    assert provider.max_length == 2048  # from the folder's config.json
+    provider.max_length = 20
+    batch = policy_batch(policy_tokenizer)
+    longest = int(batch["attention_mask"].sum(-1).argmax())
+    with pytest.raises(ValueError, match=f"input for batch row {longest} has .* max_position_embeddings=20"):
+        provider.score(batch)

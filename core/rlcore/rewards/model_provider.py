@@ -21,7 +21,9 @@ provider's ``token_level_scores`` are added to it; with ``replace`` they are not
 
 from __future__ import annotations
 
+import json
 import time
+from pathlib import Path
 from typing import Any
 
 import torch
@@ -99,6 +101,8 @@ class ModelRewardProvider(RewardProvider):
         self.rm_tokenizer = rm_tokenizer if rm_tokenizer is not None else load_rm_tokenizer(config)
         #: the policy's token ids are scored as they are (no decode and re-tokenization)
         self.reuse_ids = same_tokenizer(policy_tokenizer, self.rm_tokenizer)
+        #: the longest input the reward model has positions for (``None``: its config does not say)
+        self.max_length = _max_positions(config.model_path)
 
     # -- scoring ---------------------------------------------------------------------------------
     def score(self, batch: Batch) -> Batch:
@@ -135,8 +139,19 @@ class ModelRewardProvider(RewardProvider):
         """What the reward model reads for ``batch``: ``input_ids``, ``attention_mask``, ``position_ids``
         ``[B, T]`` (see the module docstring for the two cases)."""
         if self.reuse_ids:
-            return batch.select("input_ids", "attention_mask", "position_ids")
-        return left_padded(self.token_rows(batch), pad_id(self.rm_tokenizer))
+            inputs = batch.select("input_ids", "attention_mask", "position_ids")
+        else:
+            inputs = left_padded(self.token_rows(batch), pad_id(self.rm_tokenizer))
+        lengths = inputs["attention_mask"].sum(-1)
+        if self.max_length is not None and int(lengths.max()) > self.max_length:
+            row = int(lengths.argmax())
+            raise ValueError(
+                f"the reward model's input for batch row {row} has {int(lengths[row])} tokens, more than its "
+                f"max_position_embeddings={self.max_length} ({self.config.model_path}); lower "
+                "data.max_prompt_length or rollout.max_response_length, or use a reward model with a longer "
+                "context"
+            )
+        return inputs
 
     def token_rows(self, batch: Batch) -> list[list[int]]:
         """Each sample's prompt + response in the reward model's tokenization and chat format."""
@@ -193,3 +208,9 @@ class ModelRewardProvider(RewardProvider):
     def close(self) -> None:
         if self.rule is not None:
             self.rule.close()
+
+
+def _max_positions(model_path: str | None) -> int | None:
+    file = Path(model_path or "") / "config.json"
+    value = json.loads(file.read_text()).get("max_position_embeddings") if file.is_file() else None
+    return int(value) if value else None
