@@ -143,6 +143,7 @@ def test_saved_tiny_reward_model_is_a_one_label_sequence_classifier(rm_path):
     assert saved["architectures"] == ["Qwen2ForSequenceClassification"] and num_labels(saved) == 1
 
 
+@pytest.mark.slow
 def test_rlcore_train_runs_rule_and_model_rewards_together(tmp_path, tiny_model_path, rm_path):
     """The CLI path: the fake policy engines in this process, the reward model on the FSDP engine
     (``reward_model.engine`` differs from ``engine``), its score added to the rule reward."""
