@@ -288,7 +288,8 @@ def run_user_code(cfg: dict, report: Reporter, outer: dict) -> int:
     # The kernel does not apply RLIMIT_NPROC to root; for another user it counts all their tasks
     # (threads included), so the limit is what they run now plus the sandbox's share.
     nproc_enforced = uid != 0
-    nproc = (user_task_count(uid) + int(limits["max_processes"])) if nproc_enforced else None
+    # This process is counted already: the code may have max_processes, itself included.
+    nproc = (user_task_count(uid) + int(limits["max_processes"]) - 1) if nproc_enforced else None
     ll = landlock(cfg, report)
     set_rlimits(limits, nproc)
     files = ll["abi"] >= 1

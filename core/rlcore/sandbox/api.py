@@ -45,7 +45,8 @@ class SandboxLimits:
     memory_mib: int = attrs.field(default=1024, validator=_positive)
     #: Bytes of stdout and of stderr kept each; the rest is dropped (``truncated``).
     max_output_bytes: int = attrs.field(default=64 * 1024, validator=_positive)
-    #: Processes the code may have at once, itself included (a pids cgroup, or ``RLIMIT_NPROC``).
+    #: Processes (threads count too) the code may have at once, itself included (a pids cgroup, or
+    #: ``RLIMIT_NPROC`` for a caller that is not root).
     max_processes: int = attrs.field(default=16, validator=_positive)
     #: Largest file the code may write, in bytes (``RLIMIT_FSIZE``).
     max_file_bytes: int = attrs.field(default=64 * 2**20, validator=_positive)

@@ -48,15 +48,19 @@ def _find_parent() -> Path | None:
     return None
 
 
-def create(max_processes: int) -> Path | None:
-    """A new pids cgroup allowing ``max_processes`` processes (threads count too), or ``None``."""
+def create(max_processes: int, owner: tuple[int, int] | None = None) -> Path | None:
+    """A new pids cgroup allowing ``max_processes`` tasks (threads count too) for the code, plus the
+    sandbox's own two (its outer process and the pid namespace's init), or ``None``. ``owner``
+    (uid, gid) may then move itself in."""
     parent = pids_cgroup_parent()
     if parent is None:
         return None
     path = parent / f"rlcore-sandbox-{os.getpid()}-{next(_counter)}"
     try:
         path.mkdir()
-        (path / "pids.max").write_text(str(max_processes))
+        (path / "pids.max").write_text(str(max_processes + 2))
+        if owner is not None:
+            os.chown(path / "cgroup.procs", *owner)
     except OSError:
         remove(path)
         return None

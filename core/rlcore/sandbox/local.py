@@ -50,6 +50,10 @@ class LocalSandbox(Sandbox):
     ``python`` is the interpreter (default: this one); ``site_packages`` lets the code import its
     installed packages (numpy, sympy ...), otherwise only the standard library. ``max_concurrency``
     bounds the calls running at once per event loop (default: twice the CPU count).
+
+    ``user`` (a name or uid; the caller must be root) runs the code as that user instead of the
+    caller's: file permissions then protect what the caller owns and ``RLIMIT_NPROC`` applies (the
+    kernel exempts root from it). The interpreter must be readable by that user.
     """
 
     name = "local"
@@ -66,6 +70,7 @@ class LocalSandbox(Sandbox):
         site_packages: bool = False,
         max_concurrency: int | None = None,
         scratch_root: str | None = None,
+        user: str | int | None = None,
     ):
         super().__init__(limits=limits)
         self.namespaces = _mode("namespaces", namespaces)
@@ -76,6 +81,7 @@ class LocalSandbox(Sandbox):
         self.site_packages = bool(site_packages)
         self.max_concurrency = max_concurrency or 2 * (os.cpu_count() or 1)
         self.scratch_root = scratch_root
+        self.user = _user_ids(user) if user is not None else None
         self._semaphores: weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, asyncio.Semaphore] = (
             weakref.WeakKeyDictionary()
         )
@@ -105,7 +111,10 @@ class LocalSandbox(Sandbox):
         scratch = workdir / "scratch"
         scratch.mkdir(mode=0o700)
         (scratch / "main.py").write_text(code, encoding="utf-8")
-        group = cgroups.create(limits.max_processes) if self.cgroup != "off" else None
+        if self.user is not None:
+            for path in (workdir, scratch, scratch / "main.py"):
+                os.chown(path, *self.user)
+        group = cgroups.create(limits.max_processes, owner=self.user) if self.cgroup != "off" else None
         if group is None and self.cgroup == "require":
             _rmtree(workdir)
             return SandboxResult(
@@ -151,6 +160,11 @@ class LocalSandbox(Sandbox):
                     env=_environment(scratch),
                     start_new_session=True,
                     pass_fds=(report_w,),
+                    **(
+                        {"user": self.user[0], "group": self.user[1], "extra_groups": []}
+                        if self.user is not None
+                        else {}
+                    ),
                 )
             except OSError as exc:
                 return SandboxResult(
@@ -199,6 +213,21 @@ class LocalSandbox(Sandbox):
             truncated=out_cut or err_cut,
             wall_s=time.monotonic() - start,
         )
+
+
+def _user_ids(user: str | int) -> tuple[int, int]:
+    """``(uid, gid)`` of ``user`` (a name or a uid)."""
+    import pwd
+
+    try:
+        entry = pwd.getpwuid(user) if isinstance(user, int) else pwd.getpwnam(user)
+    except KeyError:
+        raise ValueError(f"LocalSandbox user={user!r}: no such user on this machine") from None
+    if os.geteuid() != 0:
+        raise ValueError(
+            f"LocalSandbox user={user!r} needs a root caller (this process runs as uid {os.geteuid()})"
+        )
+    return entry.pw_uid, entry.pw_gid
 
 
 def _environment(scratch: Path) -> dict[str, str]:

@@ -5,11 +5,13 @@ Each case runs under two configurations of the local sandbox:
 - ``kernel``: the kernel's layers only (network and pid namespaces, Landlock, a pids cgroup), each
   required, and the in-process guard off, so a pass shows the kernel layer holding;
 - ``guard``: every kernel layer off and the audit-hook guard on (the fallback where namespaces,
-  Landlock and cgroups are not permitted), so a pass shows the guard holding.
+  Landlock and cgroups are not permitted), so a pass shows the guard holding;
+- ``unprivileged``: the code runs as ``nobody`` (the path of a trainer that is not root): namespaces
+  inside a new user namespace, Landlock, ``RLIMIT_NPROC`` instead of a cgroup, no guard.
 
-This machine (root in a container, Linux 6.18, Landlock ABI 7, cgroup v1 pids hierarchy writable) has
-every kernel layer; a machine without one fails the ``kernel`` cases with the sandbox's message saying
-which layer is missing.
+This machine (root in a container, Linux 6.18, Landlock ABI 7, cgroup v1 pids hierarchy writable,
+unprivileged user namespaces allowed) has every kernel layer; a machine without one fails the
+``kernel`` and ``unprivileged`` cases with the sandbox's message saying which layer is missing.
 """
 
 from __future__ import annotations
@@ -18,6 +20,7 @@ import os
 import socket
 import subprocess
 import sys
+import tempfile
 import threading
 from pathlib import Path
 
@@ -26,20 +29,37 @@ from rlcore.sandbox import SandboxLimits, cgroups
 from rlcore.sandbox.local import LocalSandbox
 
 LIMITS = SandboxLimits(wall_s=3, cpu_s=2, memory_mib=512, max_processes=8)
+
+
+def interpreter_for_others() -> str:
+    """A Python of this version that another user can run (this venv's may live under /root)."""
+    for candidate in (sys.executable, f"/usr/bin/python{sys.version_info.major}.{sys.version_info.minor}"):
+        real = Path(candidate).resolve()
+        if real.exists() and all(os.stat(p).st_mode & 0o001 for p in [real.parent, *real.parents]):
+            return str(real)
+    raise AssertionError("no Python interpreter that user 'nobody' may run: the unprivileged cases need one")
+
+
 CONFIGS = {
     "kernel": {"namespaces": "require", "landlock": "require", "cgroup": "require", "guard": False},
     "guard": {"namespaces": "off", "landlock": "off", "cgroup": "off", "guard": True},
+    "unprivileged": {"namespaces": "require", "landlock": "require", "cgroup": "off", "guard": False},
 }
 
 
 @pytest.fixture(params=sorted(CONFIGS))
-def sandbox(request, tmp_path: Path) -> LocalSandbox:
-    root = tmp_path / "sandboxes"
-    root.mkdir()
-    box = LocalSandbox(limits=LIMITS, scratch_root=str(root), **CONFIGS[request.param])
+def sandbox(request) -> LocalSandbox:
+    options = dict(CONFIGS[request.param])
+    if request.param == "unprivileged":
+        options.update(user="nobody", python=interpreter_for_others())
+    # Under /tmp, which the unprivileged user may traverse (pytest's tmp_path is root's alone).
+    root = Path(tempfile.mkdtemp(prefix="rlcore-sandbox-test-"))
+    root.chmod(0o755)
+    box = LocalSandbox(limits=LIMITS, scratch_root=str(root), **options)
     box.config_name = request.param
     yield box
     assert list(root.iterdir()) == [], "a scratch directory was left behind"
+    root.rmdir()
     parent = cgroups.pids_cgroup_parent()
     if parent is not None:
         assert not list(parent.glob(f"rlcore-sandbox-{os.getpid()}-*")), "a pids cgroup was left behind"
@@ -52,10 +72,12 @@ def still_works(sandbox: LocalSandbox) -> None:
 
 def test_the_layers_each_configuration_claims(sandbox):
     isolation = sandbox.isolation()
-    if sandbox.config_name == "kernel":
+    if sandbox.config_name in ("kernel", "unprivileged"):
         assert isolation["network"] == ["netns", "landlock-tcp"]
         assert isolation["filesystem"] == ["landlock"]
-        assert isolation["processes"] == ["cgroup-pids"]
+        expected = "cgroup-pids" if sandbox.config_name == "kernel" else "rlimit-nproc"
+        assert isolation["processes"] == [expected]
+        assert isolation["signals"] == ["pid-namespace", "landlock-scope"]
         assert isolation["cleanup"] == ["pid-namespace", "process-group"]
         assert isolation["private_proc"] and isolation["guard"] == []
     else:
@@ -106,8 +128,12 @@ def test_process_count_is_bounded(sandbox):
     assert result.status == "ok", result
     made = int(result.stdout.split("made ")[-1])
     if sandbox.config_name == "kernel":
-        # The cgroup holds the sandbox's outer process, pid 1 of the namespace and the code itself.
-        assert made == LIMITS.max_processes - 3, result.stdout
+        # The code itself plus what it made: max_processes (the sandbox's two helpers are not counted).
+        assert made == LIMITS.max_processes - 1, result.stdout
+        assert "Resource temporarily unavailable" in result.stdout
+    elif sandbox.config_name == "unprivileged":
+        # RLIMIT_NPROC counts per user (and user namespace), so the bound is an upper one.
+        assert 1 <= made <= LIMITS.max_processes - 1, result.stdout
         assert "Resource temporarily unavailable" in result.stdout
     else:
         assert made == 0 and "sandbox: starting a process (os.fork) is not allowed" in result.stdout

@@ -208,5 +208,7 @@ def test_get_sandbox_and_config(scratch_root):
         get_sandbox("local", nonsense=1)
     with pytest.raises(ValueError, match="namespaces='maybe'.*auto, require, off"):
         LocalSandbox(namespaces="maybe")
+    with pytest.raises(ValueError, match="user='no-such-user-here': no such user"):
+        LocalSandbox(user="no-such-user-here")
     with pytest.raises(ValueError, match="sandbox.limits.wall_s must be > 0"):
         SandboxLimits(wall_s=0)
