@@ -279,6 +279,14 @@ def install_guard(scratch: str, block: dict) -> None:
             refuse("loading native code with ctypes")
 
     sys.addaudithook(hook)
+    if block.get("processes"):
+        # subprocess raises its audit event in Python; its C helper raises none, so replace it.
+        import _posixsubprocess
+
+        def fork_exec(*args, **kwargs):
+            refuse("starting a process (_posixsubprocess.fork_exec)")
+
+        _posixsubprocess.fork_exec = fork_exec
 
 
 def run_user_code(cfg: dict, report: Reporter, outer: dict) -> int:

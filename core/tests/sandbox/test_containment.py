@@ -269,3 +269,20 @@ def _gone(pid: int, timeout_s: float = 5.0) -> bool:
             return True
         time.sleep(0.05)
     return False
+
+
+def test_guard_refuses_the_c_helper_behind_subprocess(tmp_path: Path):
+    """subprocess's C helper raises no audit event of its own; the guard replaces it."""
+    code = (
+        "import _posixsubprocess, os\n"
+        "r, w = os.pipe()\n"
+        "pid = _posixsubprocess.fork_exec([b'/bin/echo', b'escaped'], [b'/bin/echo'], True, (), None, None,\n"
+        "    -1, -1, -1, -1, -1, -1, r, w, True, False, -1, None, None, None, -1, None, False)\n"
+        "os.waitpid(pid, 0)\n"
+    )
+    off = {"namespaces": "off", "landlock": "off", "cgroup": "off"}
+    unguarded = LocalSandbox(limits=LIMITS, scratch_root=str(tmp_path), guard=False, **off).run_sync(code)
+    assert (unguarded.status, unguarded.stdout) == ("ok", "escaped\n"), unguarded  # the control
+    guarded = LocalSandbox(limits=LIMITS, scratch_root=str(tmp_path), guard=True, **off).run_sync(code)
+    assert guarded.status == "error" and "escaped" not in guarded.stdout
+    assert "sandbox: starting a process (_posixsubprocess.fork_exec) is not allowed" in guarded.stderr
