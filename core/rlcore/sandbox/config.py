@@ -30,7 +30,7 @@ class SandboxConfig:
     #: Default limits of each call (a caller may pass its own: the code reward does, per test).
     limits: SandboxLimits = attrs.Factory(SandboxLimits)
     #: Keyword arguments of the sandbox's constructor. ``local``: ``namespaces``, ``landlock``, ``cgroup``
-    #: (``auto``/``require``/``off``), ``guard``, ``site_packages``, ``python``, ``max_concurrency``.
+    #: (``auto``/``require``/``off``), ``guard``, ``user``, ``site_packages``, ``python``, ``max_concurrency``.
     #: ``http``: ``url`` (required), ``request_timeout_s``, ``max_concurrency``, ``headers``.
     options: dict[str, Any] = attrs.Factory(dict)
 
