@@ -182,3 +182,42 @@ def test_rlcore_train_runs_rule_and_model_rewards_together(tmp_path, tiny_model_
             r["reward_model/score_mean"] + r["reward_model/rule_score_mean"], abs=1e-5
         )
     assert "val/reward" in records[0] and "val/reward" in steps[-1]
+
+
+@pytest.mark.slow
+def test_grpo_raises_the_reward_models_score(tmp_path, tiny_model_path, rm_path):
+    """The reward model's score is what GRPO optimises: the fake policy (in this process) learns to write
+    what the tiny reward model, on the FSDP engine, scores higher."""
+    import importlib.util
+
+    from rlcore.controller.run import run_training
+
+    spec = importlib.util.spec_from_file_location(
+        "trainer_task", Path(__file__).parents[1] / "controller" / "trainer_task.py"
+    )
+    task = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(task)
+    files = task.write_task(tmp_path / "task")
+    config = task.task_config(
+        tmp_path,
+        files,
+        "grpo",
+        model__path=tiny_model_path,
+        trainer__total_steps=12,
+        trainer__val_freq=12,
+        trainer__loggers="[jsonl]",
+        actor__optim__lr=0.1,
+        reward_model__enabled="true",
+        reward_model__model_path=rm_path,
+        reward_model__engine="fsdp",
+    )
+    result = run_training(config)
+    assert result.ok, result.error
+    rewards = [r["reward/mean"] for r in result.history if r["step"] > 0]
+    assert all(
+        r["reward/mean"] == pytest.approx(r["reward_model/score_mean"], abs=1e-5)
+        for r in result.history
+        if r["step"] > 0
+    )  # combine=replace: the model's score is the whole reward
+    assert sum(rewards[-3:]) / 3 > sum(rewards[:3]) / 3 + 0.5, rewards
+    assert result.val_reward_end > result.val_reward_start + 0.5
