@@ -123,8 +123,10 @@ class PythonInterpreter(Tool):
     """Runs a Python program in a sandbox (a separate process with CPU, memory and wall-time limits, no
     network, a scratch directory; or a remote sandbox service) and returns its output.
 
-    Options (``agent.tool_options.python``): ``sandbox`` (``local`` or ``http``), ``url`` (the service,
-    for ``http``), and ``limits``: a dict of :class:`rlcore.sandbox.SandboxLimits` fields.
+    By default the run's sandbox (the ``sandbox:`` section, :func:`rlcore.sandbox.default_sandbox`).
+    Options (``agent.tool_options.python``) choose another: ``sandbox`` (a registered name: ``local``,
+    ``http`` ...) with ``sandbox_options`` (its keyword arguments, e.g. ``{url: ...}``), and ``limits``
+    (:class:`rlcore.sandbox.SandboxLimits` fields) for every call of this tool.
     """
 
     name = "python"
@@ -143,21 +145,26 @@ class PythonInterpreter(Tool):
         self,
         *,
         timeout_s: float | None = None,
-        sandbox: str = "local",
-        url: str | None = None,
+        sandbox: str | None = None,
+        sandbox_options: dict[str, Any] | None = None,
         limits: dict[str, Any] | None = None,
     ):
         super().__init__(timeout_s=timeout_s)
-        self.sandbox_name, self.url, self.limits = sandbox, url, dict(limits or {})
+        self.sandbox_name, self.sandbox_options = sandbox, dict(sandbox_options or {})
+        self.limits = dict(limits or {})
+        if self.sandbox_options and sandbox is None:
+            raise TypeError("sandbox_options needs sandbox (the name of the sandbox they configure)")
         self._sandbox: Any = None
 
     def _get_sandbox(self) -> tuple[Any, Any]:
         # Imported on first call: the sandbox is its own module (and may need an HTTP client).
-        from rlcore.sandbox import SandboxLimits, get_sandbox
+        from rlcore.sandbox import SandboxLimits, default_sandbox, get_sandbox
 
         if self._sandbox is None:
-            kwargs = {"url": self.url} if self.url is not None else {}
-            self._sandbox = get_sandbox(name=self.sandbox_name, **kwargs)
+            if self.sandbox_name is None:
+                self._sandbox = default_sandbox()
+            else:
+                self._sandbox = get_sandbox(self.sandbox_name, **self.sandbox_options)
         return self._sandbox, (SandboxLimits(**self.limits) if self.limits else None)
 
     async def __call__(self, code: Any) -> str:
@@ -176,6 +183,7 @@ class PythonInterpreter(Tool):
         return f"Error: {why}\n{output}".rstrip("\n")
 
     def close(self) -> None:
+        # The run's default sandbox is shared by the process; only a sandbox of this tool's own is closed.
         close = getattr(self._sandbox, "close", None)
-        if callable(close):
+        if self.sandbox_name is not None and callable(close):
             close()

@@ -8,7 +8,10 @@ from __future__ import annotations
 from rlcore import hookimpl
 
 #: data source -> scorer of the built-in tasks (:mod:`rlcore.tasks`).
-TASK_REWARDS = {"rlcore/copy_word": "rlcore.tasks.copy_word:compute_score"}
+TASK_REWARDS = {
+    "rlcore/copy_word": "rlcore.tasks.copy_word:compute_score",
+    "rlcore/tool_add": "rlcore.tasks.tool_add:compute_score",
+}
 
 
 @hookimpl
