@@ -212,3 +212,32 @@ def test_get_sandbox_and_config(scratch_root):
         LocalSandbox(user="no-such-user-here")
     with pytest.raises(ValueError, match="sandbox.limits.wall_s must be > 0"):
         SandboxLimits(wall_s=0)
+
+
+def test_a_crash_in_native_code_is_killed(sandbox):
+    result = sandbox.run_sync("import ctypes\nctypes.string_at(0)")  # reads address 0: SIGSEGV
+    assert (result.status, result.exit_code) == ("killed", -11), result
+    assert result.message == "killed by SIGSEGV"
+
+
+def test_endless_output_is_cut_and_timed_out(sandbox):
+    limits = SandboxLimits(wall_s=2, max_output_bytes=4096)
+    result = sandbox.run_sync("while True:\n    print('x' * 1000)", limits=limits)
+    assert result.status == "timeout" and result.truncated
+    assert len(result.stdout) == 4096 and set(result.stdout) <= {"x", "\n"}
+
+
+def test_a_missing_required_layer_is_an_error_naming_it():
+    """The result the parent builds from the child's report (a layer asked for with ``require`` that
+    the kernel refused): the child writes ``fatal`` and exits before any user code runs."""
+    from rlcore.sandbox.local import _result
+
+    report = {
+        "outer": {"cgroup": False},
+        "fatal": "unshare(net, pid, mount, user) failed: Operation not permitted",
+    }
+    result = _result(
+        report, "", "", timed_out=False, returncode=125, limits=FAST, truncated=False, wall_s=0.1
+    )
+    assert result.status == "error" and result.message.startswith("unshare(net, pid, mount, user) failed")
+    assert result.isolation["network"] == ["none"] and result.isolation["processes"] == ["none"]
