@@ -102,7 +102,12 @@ class LocalSandbox(Sandbox):
         if semaphore is None:
             semaphore = self._semaphores[loop] = asyncio.Semaphore(self.max_concurrency)
         async with semaphore:
-            return await self._run(code, stdin, limits or self.limits)
+            try:
+                return await self._run(code, stdin, limits or self.limits)
+            except OSError as exc:  # this machine's trouble (no disk space, no file descriptors ...)
+                return SandboxResult(
+                    status="error", message=f"the local sandbox could not run the code: {exc}"
+                )
 
     # -- one call --------------------------------------------------------------------------------
     async def _run(self, code: str, stdin: str, limits: SandboxLimits) -> SandboxResult:
@@ -110,7 +115,8 @@ class LocalSandbox(Sandbox):
         workdir = Path(tempfile.mkdtemp(prefix="rlcore-sandbox-", dir=self.scratch_root))
         scratch = workdir / "scratch"
         scratch.mkdir(mode=0o700)
-        (scratch / "main.py").write_text(code, encoding="utf-8")
+        # Text from a model may hold lone surrogates: they become "?" rather than an exception.
+        (scratch / "main.py").write_text(code, encoding="utf-8", errors="replace")
         if self.user is not None:
             for path in (workdir, scratch, scratch / "main.py"):
                 os.chown(path, *self.user)
@@ -179,7 +185,7 @@ class LocalSandbox(Sandbox):
                 asyncio.create_task(_read_capped(proc.stdout, cap)),
                 asyncio.create_task(_read_capped(proc.stderr, cap)),
             ]
-            feeder = asyncio.create_task(_feed(proc.stdin, stdin.encode()))
+            feeder = asyncio.create_task(_feed(proc.stdin, stdin.encode("utf-8", "replace")))
             timed_out = not await _exited(proc, limits.wall_s)
             feeder.cancel()
             _kill_group(proc.pid)

@@ -241,3 +241,17 @@ def test_a_missing_required_layer_is_an_error_naming_it():
     )
     assert result.status == "error" and result.message.startswith("unshare(net, pid, mount, user) failed")
     assert result.isolation["network"] == ["none"] and result.isolation["processes"] == ["none"]
+
+
+def test_text_a_model_may_write(sandbox):
+    """Lone surrogates (from a bad decode) and NUL bytes: results, not exceptions."""
+    surrogate = sandbox.run_sync("print('a\udcffb')", stdin="\ud800")
+    assert surrogate.status == "ok" and surrogate.stdout == "a?b\n"
+    nul = sandbox.run_sync("print(1)\x00")
+    assert nul.status == "error" and "null bytes" in nul.stderr
+
+
+def test_trouble_on_this_machine_is_an_error_result(tmp_path):
+    missing = LocalSandbox(scratch_root=str(tmp_path / "does-not-exist")).run_sync("print(1)")
+    assert missing.status == "error" and "could not run the code" in missing.message
+    assert "No such file or directory" in missing.message
