@@ -10,8 +10,9 @@ from rlcore.rewards.config import RewardConfig
 
 #: Data sources scored by the MATH rule (last ``\\boxed{}`` answer, normalised), as in verl.
 MATH_DATA_SOURCES = ("lighteval/MATH", "DigitalLearningGmbH/MATH-lighteval", "HuggingFaceH4/MATH-500")
-#: Data sources scored by running the response's code against test cases in the sandbox.
-CODE_DATA_SOURCES = ("code", "codecontests", "deepmind/code_contests")
+#: Data sources scored by running the response's code against test cases in the sandbox (verl routes
+#: codecontests, apps, codeforces and taco to its code scorer too).
+CODE_DATA_SOURCES = ("code", "codecontests", "deepmind/code_contests", "apps", "codeforces", "taco")
 
 
 @hookimpl

@@ -12,6 +12,9 @@ reward worker; every call and the whole scoring are bounded in time.
 - ``{"asserts": ["assert f(1) == 2", ...]}`` or a list of such strings: each one runs after the
   solution's definitions (MBPP/HumanEval style).
 - ``{"test_code": "..."}`` or one string: a single test program run after the solution.
+- ``{"fn_name": "f", "inputs": [[args], ...], "outputs": [value, ...]}``: call-based tests (APPS, TACO):
+  ``f(*args)`` (or ``Solution().f(*args)``) must return the value (or the value wrapped in a one-item
+  list, as APPS stores some of them), compared after a JSON round trip.
 
 >>> truth = {"inputs": ["2 3\\n", "10 -4\\n"], "outputs": ["5\\n", "6\\n"]}
 >>> compute_score("code", "```python\\na, b = map(int, input().split())\\nprint(a + b)\\n```", truth)["score"]
@@ -74,11 +77,15 @@ def extract_code(solution_str: str) -> str | None:
 
 @attrs.frozen
 class TestCase:
-    """One test: a stdin/expected-stdout pair, or a test program (asserts) run after the solution."""
+    """One test: a stdin/expected-stdout pair, a test program (asserts) run after the solution, or a
+    call of the solution's function ``fn_name`` with ``args`` that must return ``value``."""
 
     stdin: str = ""
     expected: str | None = None
     test_code: str | None = None
+    fn_name: str | None = None
+    args: Any = None
+    value: Any = None
 
 
 def parse_tests(ground_truth: Any) -> list[TestCase]:
@@ -96,13 +103,14 @@ def parse_tests(ground_truth: Any) -> list[TestCase]:
             return [TestCase(test_code=t) for t in truth]
     elif isinstance(truth, dict):
         if "inputs" in truth and "outputs" in truth:
-            if truth.get("fn_name"):
-                raise ValueError(
-                    "call-based test cases (fn_name) are not supported; give stdin/stdout pairs or asserts"
-                )
             inputs, outputs = list(truth["inputs"]), list(truth["outputs"])
             if len(inputs) != len(outputs):
                 raise ValueError(f"{len(inputs)} inputs but {len(outputs)} outputs in the test cases")
+            if truth.get("fn_name"):
+                return [
+                    TestCase(fn_name=str(truth["fn_name"]), args=_call_args(i), value=o)
+                    for i, o in zip(inputs, outputs, strict=True)
+                ]
             return [TestCase(stdin=_text(i), expected=_text(o)) for i, o in zip(inputs, outputs, strict=True)]
         if "asserts" in truth:
             return [TestCase(test_code=str(t)) for t in truth["asserts"]]
@@ -113,6 +121,16 @@ def parse_tests(ground_truth: Any) -> list[TestCase]:
         f"{{'test_code': ...}}, a list of assert strings or a test program; got {type(truth).__name__} "
         f"{str(truth)[:80]!r}"
     )
+
+
+def _call_args(value: Any) -> list[Any]:
+    """Positional arguments of a call-based test: a list, or a JSON string of one (one argument else)."""
+    if isinstance(value, str):
+        try:
+            value = json.loads(value)
+        except ValueError:
+            return [value]
+    return list(value) if isinstance(value, list | tuple) else [value]
 
 
 def _text(value: Any) -> str:
@@ -155,6 +173,38 @@ def assert_program(solution: str, test_code: str) -> tuple[str, str]:
     return program, secret + "\n"
 
 
+def call_program(solution: str, fn_name: str) -> str:
+    """A program that runs ``solution``, calls ``fn_name`` (a function, or a method of a ``Solution``
+    class as LeetCode writes them) with the JSON arguments on its stdin's second line, and prints the
+    secret of the first line followed by the JSON of the return value, last."""
+    return (
+        "import sys as _sys, json as _json\n"
+        "_secret = _sys.stdin.readline().strip()\n"
+        "_args = _json.loads(_sys.stdin.readline())\n"
+        "_namespace = {'__name__': 'solution'}\n"
+        f"exec(compile({solution!r}, 'solution.py', 'exec'), _namespace)\n"
+        f"_fn = _namespace.get({fn_name!r}) or getattr(_namespace['Solution'](), {fn_name!r})\n"
+        "_value = _fn(*_args)\n"
+        "print('\\n' + _secret + _json.dumps(_value, default=repr))\n"
+    )
+
+
+def _returned(stdout: str, secret: str) -> tuple[bool, Any]:
+    """``(True, value)`` if the last line of ``stdout`` is the secret and a JSON value, else ``(False, None)``."""
+    last = stdout.rstrip("\n").rsplit("\n", 1)[-1]
+    if not last.startswith(secret):
+        return False, None
+    try:
+        return True, json.loads(last[len(secret) :])
+    except ValueError:
+        return False, None
+
+
+def _same_value(value: Any, expected: Any) -> bool:
+    expected = json.loads(json.dumps(expected, default=repr))  # tuples -> lists, as the value went
+    return value == expected or [value] == expected
+
+
 @attrs.frozen
 class TestOutcome:
     passed: bool
@@ -168,6 +218,12 @@ async def run_tests(
     ``budget_s`` count as failed."""
 
     async def one(test: TestCase) -> TestOutcome:
+        if test.fn_name is not None:
+            secret = secrets.token_hex(16)
+            stdin = f"{secret}\n{json.dumps(test.args, default=repr)}\n"
+            result = await sandbox.run(call_program(solution, test.fn_name), stdin=stdin, limits=limits)
+            returned, value = _returned(result.stdout, secret)
+            return TestOutcome(result.ok and returned and _same_value(value, test.value), result)
         if test.test_code is not None:
             program, stdin = assert_program(solution, test.test_code)
             result = await sandbox.run(program, stdin=stdin, limits=limits)

@@ -35,8 +35,8 @@ def test_parse_tests_formats():
     assert parse_tests({"inputs": [["1", "2"]], "outputs": [["3"]]})[0].stdin == "1\n2\n"
     with pytest.raises(ValueError, match="3 inputs but 1 outputs"):
         parse_tests({"inputs": [1, 2, 3], "outputs": [1]})
-    with pytest.raises(ValueError, match="fn_name"):
-        parse_tests({"inputs": [[1]], "outputs": [1], "fn_name": "f"})
+    calls = parse_tests({"inputs": [[1, 2], "[3, 4]"], "outputs": [3, [7]], "fn_name": "add"})
+    assert [(c.fn_name, c.args, c.value) for c in calls] == [("add", [1, 2], 3), ("add", [3, 4], [7])]
     with pytest.raises(ValueError, match="must be"):
         parse_tests({"nothing": 1})
 
@@ -145,7 +145,8 @@ def test_malicious_solution_scores_zero_and_harms_nothing(malicious):
 
 def test_registered_for_code_data_sources():
     assert reward_function_for("code") is compute_score
-    assert reward_function_for("codecontests") is compute_score
+    for source in ("codecontests", "deepmind/code_contests", "apps", "codeforces", "taco"):
+        assert reward_function_for(source) is compute_score
 
 
 def test_through_the_rule_provider_with_worker_processes(batch_of):
@@ -168,3 +169,19 @@ def test_through_the_rule_provider_with_worker_processes(batch_of):
     assert scores == [1.0, 0.0, 0.0, 0.25, 0.0]
     assert out.meta["metrics"]["reward/errors"] == 0.0
     assert out["reward_extra_info"][1]["timeouts"] == 4.0
+
+
+def test_call_based_tests():
+    truth = {"fn_name": "add", "inputs": [[1, 2], [10, -4], ["a", "b"]], "outputs": [3, [6], "ab"]}
+    right = fenced("def add(x, y):\n    return x + y")
+    assert compute_score("code", right, truth)["score"] == 1.0
+    leetcode = fenced("class Solution:\n    def add(self, x, y):\n        return x + y")
+    assert compute_score("code", leetcode, truth)["score"] == 1.0
+    # Right for numbers only (the strings fail): 2 of 3.
+    numbers = fenced("def add(x, y):\n    return int(x) + int(y)")
+    assert compute_score("code", numbers, truth)["score"] == pytest.approx(2 / 3)
+    # Printing what looks like the answer, or leaving early, passes nothing.
+    cheat = fenced("print(3)\nimport sys\nsys.exit(0)")
+    assert compute_score("code", cheat, truth)["score"] == 0.0
+    pairs = {"fn_name": "pair", "inputs": [[1]], "outputs": [[1, 1]]}
+    assert compute_score("code", fenced("def pair(x):\n    return (x, x)"), pairs)["score"] == 1.0
