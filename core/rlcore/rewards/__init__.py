@@ -1,6 +1,8 @@
-"""Rewards: verl-style rule scorers, user functions from a file, and the ``rule`` reward provider.
+"""Rewards: verl-style rule scorers, user functions from a file, the ``rule`` reward provider, and the
+reward-model provider (the ``reward_model:`` section).
 
-Importing this package is light (no torch); :class:`RuleRewardProvider` is imported on first use.
+Importing this package is light (no torch); :class:`RuleRewardProvider` and :class:`ModelRewardProvider`
+are imported on first use.
 
 >>> from rlcore.rewards import default_compute_score
 >>> default_compute_score("openai/gsm8k", "so the answer is #### 42", "42")
@@ -17,11 +19,14 @@ from rlcore.rewards.functions import (
     load_reward_function,
     reward_function_for,
 )
+from rlcore.rewards.model_config import RewardModelConfig
 
 __all__ = [
     "ON_ERROR_MODES",
     "RewardConfig",
+    "ModelRewardProvider",
     "RewardError",
+    "RewardModelConfig",
     "RuleRewardProvider",
     "default_compute_score",
     "known_data_sources",
@@ -35,4 +40,8 @@ def __getattr__(name: str) -> Any:
         from rlcore.rewards.rule_provider import RuleRewardProvider
 
         return RuleRewardProvider
+    if name == "ModelRewardProvider":
+        from rlcore.rewards.model_provider import ModelRewardProvider
+
+        return ModelRewardProvider
     raise AttributeError(f"module 'rlcore.rewards' has no attribute {name!r}")
