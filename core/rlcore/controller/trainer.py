@@ -243,9 +243,12 @@ class Trainer:
         from rlcore.controller.roles import resolve_transport_name
         from rlcore.data import build_train_loader, build_val_loader
         from rlcore.plugins import registry
+        from rlcore.sandbox import export_default
 
         cfg = self.config
         seed_everything(cfg.trainer.seed)
+        # Before any worker starts: reward workers and Ray workers inherit RLCORE_SANDBOX.
+        export_default(cfg.sandbox)
         check_logger_names(cfg.trainer.loggers)
         algorithm_cls = registry("algorithms").get(cfg.algorithm.name)
         self.preset = resolve_preset(cfg.algorithm, algorithm_cls)
