@@ -71,16 +71,26 @@ def request(a: int, b: int) -> str:
     return f"Add the numbers:\n{a} + {b}"
 
 
-def call(a: int, b: int) -> str:
-    """The tool call that solves ``a + b`` (Hermes format)."""
-    body = json.dumps({"name": "calculator", "arguments": {"expression": f"{a} + {b}"}})
+#: Tools an episode of the ``sft`` split calls, by row: ``calculator`` three times in four, ``python``
+#: (a one-line program) the fourth, so a run offering both tools exercises the sandbox too.
+SFT_TOOLS = ("calculator", "calculator", "calculator", "python")
+
+
+def call(a: int, b: int, tool: str = "calculator") -> str:
+    """The tool call that solves ``a + b`` with ``tool`` (Hermes format)."""
+    if tool == "python":
+        body = json.dumps({"name": "python", "arguments": {"code": f"print({a} + {b})"}})
+    else:
+        body = json.dumps({"name": "calculator", "arguments": {"expression": f"{a} + {b}"}})
     return f"<tool_call>{body}</tool_call>"
 
 
-def episode_text(a: int, b: int) -> str:
+def episode_text(a: int, b: int, tool: str = "calculator") -> str:
     """A whole solving episode after the prompt, as the tiny model's chat template renders it: the call,
-    its end of turn, the tool's reply, the next turn's generation prompt, and the answer."""
-    return f"{call(a, b)}<|im_end|>\n<|im_start|>tool\n{a + b}<|im_end|>\n<|im_start|>assistant\n{a + b}"
+    its end of turn, the tool's reply (a program's output ends with a newline), the next turn's
+    generation prompt, and the answer."""
+    reply = f"{a + b}\n" if tool == "python" else f"{a + b}"
+    return f"{call(a, b, tool)}<|im_end|>\n<|im_start|>tool\n{reply}<|im_end|>\n<|im_start|>assistant\n{a + b}"
 
 
 def rows(split: str) -> list[dict[str, Any]]:
@@ -94,7 +104,7 @@ def rows(split: str) -> list[dict[str, Any]]:
             "extra_info": {"split": split, "index": index, "a": a, "b": b},
         }
         if split == "sft":
-            row["response"] = episode_text(a, b)
+            row["response"] = episode_text(a, b, SFT_TOOLS[index % len(SFT_TOOLS)])
         out.append(row)
     return out
 
@@ -102,7 +112,7 @@ def rows(split: str) -> list[dict[str, Any]]:
 #: Settings under the user's when a run trains on this task (``data.train_files=[builtin:tool_add/train.jsonl]``).
 RECIPE: dict[str, Any] = {
     "model": {"path": "builtin:tiny"},
-    "agent": {"enabled": True, "tools": ["calculator"], "max_turns": 2, "max_tool_response_tokens": 16},
+    "agent": {"enabled": True, "tools": ["calculator", "python"], "max_turns": 2, "max_tool_response_tokens": 16},
     "algorithm": {"name": "grpo", "use_kl_loss": False},
     "actor": {"optim": {"lr": 1e-3}, "micro_batch_size": 64},
     "rollout": {"n": 8, "temperature": 1.0, "max_response_length": 96},

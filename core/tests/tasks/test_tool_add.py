@@ -68,14 +68,17 @@ def test_sft_episodes_solve_their_problem_and_fit_the_recipe(tmp_path, tokenizer
     assert len(examples) == tool_add.SIZES["sft"]
     for (a, b), row in zip(tool_add.problems("sft")[:20], tool_add.rows("sft")[:20], strict=True):
         (call,) = parse_tool_calls(row["response"])
-        assert call.arguments == {"expression": f"{a} + {b}"} and row["response"].endswith(str(a + b))
+        expected = {"expression": f"{a} + {b}"} if call.name == "calculator" else {"code": f"print({a} + {b})"}
+        assert call.arguments == expected and row["response"].endswith(str(a + b))
+    tools = [parse_tool_calls(row["response"])[0].name for row in tool_add.rows("sft")]
+    assert tools.count("python") == len(tools) // 4 and set(tools) == {"calculator", "python"}
     # The whole episode fits the response budget of the run.
     assert max(len(e.response_ids) for e in examples) <= tool_add.RECIPE["rollout"]["max_response_length"]
 
 
 def test_recipe_turns_the_agent_on(tmp_path):
     config = load_config(overrides=["data.train_files=[builtin:tool_add/train.jsonl]"])
-    assert config.agent.enabled and config.agent.tools == ["calculator"]
+    assert config.agent.enabled and config.agent.tools == ["calculator", "python"]
     assert config.data.val_files == ["builtin:tool_add/val.jsonl"]
     assert config.sft.files == ["builtin:tool_add/sft.jsonl"]
     assert config.trainer.warmup_sft_steps == tool_add.RECIPE["trainer"]["warmup_sft_steps"]
