@@ -93,10 +93,15 @@ def batch_metrics(batch: Batch, max_response_length: int | None = None) -> dict[
             metrics.update(_stats(key, batch[key][mask]))
     lengths = mask.sum(-1).double()
     metrics.update(_stats("response_length", lengths))
+    # A multi-turn response also holds tool tokens (response_mask 0, attention_mask 1): the budget and the
+    # prompt's length count them apart from the model's tokens.
+    spans = lengths
+    if "attention_mask" in batch and "responses" in batch:
+        spans = batch["attention_mask"][:, -batch["responses"].shape[1] :].sum(-1).double()
     if max_response_length:
-        metrics["response_length/clip_ratio"] = float((lengths >= max_response_length).double().mean())
+        metrics["response_length/clip_ratio"] = float((spans >= max_response_length).double().mean())
     if "attention_mask" in batch:
-        prompt_lengths = batch["attention_mask"].sum(-1).double() - lengths
+        prompt_lengths = batch["attention_mask"].sum(-1).double() - spans
         metrics["prompt_length/mean"] = float(prompt_lengths.mean())
     total, response = token_counts(batch)
     metrics["tokens/total"], metrics["tokens/response"] = float(total), float(response)

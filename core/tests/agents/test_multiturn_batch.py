@@ -57,3 +57,16 @@ def test_sequence_score_sits_on_the_last_model_token():
             expected[row, col] = value
     assert torch.equal(out, expected)
     assert place_sequence_scores([1.0], torch.zeros(1, 0, dtype=torch.long)).shape == (1, 0)
+
+
+def test_step_metrics_count_tool_tokens_apart():
+    from rlcore.controller.metrics import batch_metrics
+
+    c1 = Completion([5, 6], [7, 8, 30, 31, 9, 2], [-0.1] * 6, "stop", "", [1, 1, 0, 0, 1, 1])
+    c2 = Completion([4, 4, 4], [7, 2], [-0.5, -0.6], "stop", "")
+    batch = completions_to_batch([c1, c2], PAD)
+    m = batch_metrics(batch, max_response_length=6)
+    assert m["response_length/mean"] == 3.0  # model tokens: 4 and 2
+    assert m["prompt_length/mean"] == 2.5  # 2 and 3, not 4 and 3
+    assert m["response_length/clip_ratio"] == 0.5  # the episode used its 6-token budget
+    assert m["tokens/total"] == 13.0 and m["tokens/response"] == 6.0
