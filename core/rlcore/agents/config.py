@@ -33,7 +33,7 @@ class AgentConfig:
     enabled: bool = False
     #: Registered tools offered to the model (``rlcore plugins`` lists them): ``calculator``, ``python`` ...
     tools: list[str] = attrs.Factory(lambda: ["calculator"])
-    #: Keyword arguments of each tool's constructor, by tool name (e.g. ``{python: {sandbox: http}}``).
+    #: Keyword arguments of each tool's constructor, by tool name (e.g. ``{python: {limits: {wall_s: 5}}}``).
     tool_options: dict[str, dict[str, Any]] = attrs.Factory(dict)
     #: Model turns per episode; a tool call in the last turn is not run.
     max_turns: int = attrs.field(default=4, validator=_positive)
