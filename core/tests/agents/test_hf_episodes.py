@@ -14,7 +14,7 @@ import asyncio
 import attrs
 import pytest
 import torch
-from rlcore.agents import AgentConfig
+from rlcore.agents import AgentConfig, build_tools
 from rlcore.agents.builtin_tools import Calculator
 from rlcore.agents.episode import AgentLoop, EpisodeLimits
 from rlcore.agents.observations import Observations
@@ -29,6 +29,7 @@ from rlcore.testing.tiny import build_tiny_model
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
 A, B = 4821, 9033
+C, D = 1215, 8687
 MAX_LEN = 256
 
 
@@ -39,22 +40,28 @@ def render(tokenizer, messages):
 
 @pytest.fixture(scope="module")
 def taught_model(tmp_path_factory):
-    """The tiny model after supervised steps on the single episode solving ``A + B`` with the calculator."""
+    """The tiny model after supervised steps on two solving episodes: ``A + B`` with the calculator and
+    ``C + D`` with the python tool. Returns its folder and the two prompts."""
     torch.set_num_threads(1)
     path = build_tiny_model(tmp_path_factory.mktemp("tiny") / "model")
     tokenizer = AutoTokenizer.from_pretrained(path)
     model = AutoModelForCausalLM.from_pretrained(path)
-    prompt = render(tokenizer, [{"role": "user", "content": tool_add.request(A, B)}])
-    response = tokenizer.encode(tool_add.episode_text(A, B), add_special_tokens=False) + [
-        tokenizer.eos_token_id
-    ]
-    ids = torch.tensor([prompt + response])
-    labels = ids.clone()
-    labels[0, : len(prompt)] = -100
+    prompts, rows = [], []
+    for (a, b), tool in (((A, B), "calculator"), ((C, D), "python")):
+        prompt = render(tokenizer, [{"role": "user", "content": tool_add.request(a, b)}])
+        response = tokenizer.encode(tool_add.episode_text(a, b, tool), add_special_tokens=False)
+        prompts.append(prompt)
+        rows.append((prompt, [*response, tokenizer.eos_token_id]))
+    width = max(len(p) + len(r) for p, r in rows)
+    ids = torch.full((2, width), tokenizer.pad_token_id)
+    labels = torch.full((2, width), -100)
+    for k, (prompt, response) in enumerate(rows):
+        ids[k, : len(prompt) + len(response)] = torch.tensor(prompt + response)
+        labels[k, len(prompt) : len(prompt) + len(response)] = torch.tensor(response)
     optimizer = torch.optim.AdamW(model.parameters(), lr=3e-3)
     torch.manual_seed(0)
-    for _ in range(300):
-        loss = model(input_ids=ids, labels=labels).loss
+    for _ in range(400):
+        loss = model(input_ids=ids, attention_mask=(ids != tokenizer.pad_token_id).long(), labels=labels).loss
         optimizer.zero_grad()
         loss.backward()
         optimizer.step()
@@ -63,7 +70,7 @@ def taught_model(tmp_path_factory):
     out = tmp_path_factory.mktemp("taught") / "model"
     model.save_pretrained(out)
     tokenizer.save_pretrained(out)
-    return str(out), prompt
+    return str(out), prompts
 
 
 @pytest.fixture(scope="module")
@@ -91,7 +98,7 @@ class Recorder:
 
 
 def test_greedy_episode_calls_the_calculator_and_keeps_every_id(taught_model, engine):
-    path, prompt = taught_model
+    path, (prompt, _) = taught_model
     tokenizer = AutoTokenizer.from_pretrained(path)
     recorder = Recorder(engine)
     loop = AgentLoop(
@@ -133,7 +140,7 @@ def test_greedy_episode_calls_the_calculator_and_keeps_every_id(taught_model, en
 
 
 def test_sampled_episodes_in_flight_and_the_worker_path_agree(taught_model, engine):
-    path, prompt = taught_model
+    path, (prompt, _) = taught_model
     tokenizer = AutoTokenizer.from_pretrained(path)
     params = SamplingParams(n=3, temperature=1.0, max_tokens=120, seed=11)
     limits = EpisodeLimits(max_turns=3, max_model_len=MAX_LEN)
@@ -164,7 +171,7 @@ def test_sampled_episodes_in_flight_and_the_worker_path_agree(taught_model, engi
 
 
 def test_agent_loop_uses_only_agenerate(taught_model, engine):
-    path, prompt = taught_model
+    path, (prompt, _) = taught_model
     tokenizer = AutoTokenizer.from_pretrained(path)
 
     class OnlyAsync:
@@ -180,3 +187,25 @@ def test_agent_loop_uses_only_agenerate(taught_model, engine):
     )
     out = asyncio.run(loop.episode(prompt, attrs.evolve(SamplingParams(max_tokens=60), temperature=0.0)))
     assert out.token_ids and len(out.token_ids) <= 60
+
+
+def test_python_tool_runs_in_the_sandbox_within_an_episode(taught_model, engine):
+    path, (_, prompt) = taught_model
+    tokenizer = AutoTokenizer.from_pretrained(path)
+    recorder = Recorder(engine)
+    tools = build_tools(["calculator", "python"])
+    loop = AgentLoop(recorder, tokenizer, tools, EpisodeLimits(3, MAX_LEN), Observations(tokenizer, 16))
+    try:
+        (group,) = loop.run([prompt], SamplingParams(n=1, temperature=0.0, max_tokens=120, seed=0))
+    finally:
+        loop.close()
+    c = group[0]
+    assert c.info["tool_calls"] == 1 and c.info["tool_errors"] == 0, tokenizer.decode(c.token_ids)
+    assert '"name": "python"' in tokenizer.decode(recorder.calls[0][1].token_ids)
+    (_, turn1), (p2, _) = recorder.calls
+    # The program's output, newline included, as the tool message.
+    observation = tokenizer.encode(
+        f"\n<|im_start|>tool\n{C + D}\n<|im_end|>\n<|im_start|>assistant\n", add_special_tokens=False
+    )
+    assert p2 == prompt + turn1.token_ids + observation
+    assert c.info["final_text"] == str(C + D)
