@@ -23,7 +23,6 @@ from __future__ import annotations
 
 import json
 import time
-from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
@@ -107,16 +106,17 @@ class ModelRewardProvider(RewardProvider):
 
     # -- scoring ---------------------------------------------------------------------------------
     def score(self, batch: Batch) -> Batch:
-        # The reward model's workers and the rule scorers run at the same time; the rule provider keeps
-        # this (main) thread, where its per-sample timer works when it scores in-process.
-        with ThreadPoolExecutor(1, thread_name_prefix="rlcore-reward-model") as pool:
-            timed = pool.submit(self._timed_model_scores, batch)
-            ruled = self.rule.score(batch) if self.config.combine == "add" else None
-            scores, seconds = timed.result()
-        token_scores = place_sequence_scores(scores, batch["response_mask"])
+        # The model scores in the calling thread, then the rule: with trainer.backend=local the engine runs
+        # in this process, and its device and torch function modes belong to the thread that built it.
+        start = time.perf_counter()
+        scores = self.model_scores(batch)
+        seconds = time.perf_counter() - start
+        mask = batch["response_mask"]
+        token_scores = place_sequence_scores(scores, mask)
         extra: list[dict[str, Any]] = [{} for _ in range(len(batch))]
         metrics: dict[str, float] = {}
-        if ruled is not None:
+        if self.config.combine == "add":
+            ruled = self.rule.score(batch)
             rule_scores = ruled["token_level_scores"].to(torch.float32)
             # Both sit on each row's last response token; a row without one has neither.
             token_scores = token_scores + rule_scores
@@ -129,11 +129,6 @@ class ModelRewardProvider(RewardProvider):
         return Batch(
             {"token_level_scores": token_scores}, {"reward_extra_info": extra}, meta={"metrics": metrics}
         )
-
-    def _timed_model_scores(self, batch: Batch) -> tuple[torch.Tensor, float]:
-        start = time.perf_counter()
-        scores = self.model_scores(batch)
-        return scores, time.perf_counter() - start
 
     def model_scores(self, batch: Batch) -> torch.Tensor:
         """The reward model's score of each row, ``[B]`` float32."""
