@@ -71,11 +71,6 @@ def request(a: int, b: int) -> str:
     return f"Add the numbers:\n{a} + {b}"
 
 
-#: Tools an episode of the ``sft`` split calls, by row: ``calculator`` three times in four, ``python``
-#: (a one-line program) the fourth, so a run offering both tools exercises the sandbox too.
-SFT_TOOLS = ("calculator", "calculator", "calculator", "python")
-
-
 def call(a: int, b: int, tool: str = "calculator") -> str:
     """The tool call that solves ``a + b`` with ``tool`` (Hermes format)."""
     if tool == "python":
@@ -90,7 +85,9 @@ def episode_text(a: int, b: int, tool: str = "calculator") -> str:
     its end of turn, the tool's reply (a program's output ends with a newline), the next turn's
     generation prompt, and the answer."""
     reply = f"{a + b}\n" if tool == "python" else f"{a + b}"
-    return f"{call(a, b, tool)}<|im_end|>\n<|im_start|>tool\n{reply}<|im_end|>\n<|im_start|>assistant\n{a + b}"
+    return (
+        f"{call(a, b, tool)}<|im_end|>\n<|im_start|>tool\n{reply}<|im_end|>\n<|im_start|>assistant\n{a + b}"
+    )
 
 
 def rows(split: str) -> list[dict[str, Any]]:
@@ -104,7 +101,7 @@ def rows(split: str) -> list[dict[str, Any]]:
             "extra_info": {"split": split, "index": index, "a": a, "b": b},
         }
         if split == "sft":
-            row["response"] = episode_text(a, b, SFT_TOOLS[index % len(SFT_TOOLS)])
+            row["response"] = episode_text(a, b)
         out.append(row)
     return out
 
@@ -112,7 +109,14 @@ def rows(split: str) -> list[dict[str, Any]]:
 #: Settings under the user's when a run trains on this task (``data.train_files=[builtin:tool_add/train.jsonl]``).
 RECIPE: dict[str, Any] = {
     "model": {"path": "builtin:tiny"},
-    "agent": {"enabled": True, "tools": ["calculator", "python"], "max_turns": 2, "max_tool_response_tokens": 16},
+    # Both built-in tools are offered (and built in every rollout worker); the warm-up teaches the
+    # calculator. Warm-up episodes that also call python (tool="python") slowed the rise in our runs.
+    "agent": {
+        "enabled": True,
+        "tools": ["calculator", "python"],
+        "max_turns": 2,
+        "max_tool_response_tokens": 16,
+    },
     "algorithm": {"name": "grpo", "use_kl_loss": False},
     "actor": {"optim": {"lr": 1e-3}, "micro_batch_size": 64},
     "rollout": {"n": 8, "temperature": 1.0, "max_response_length": 96},
