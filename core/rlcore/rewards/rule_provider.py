@@ -22,7 +22,7 @@ from rlcore.api.reward import RewardProvider, place_sequence_scores
 from rlcore.rewards.config import RewardConfig
 from rlcore.rewards.errors import RewardError
 from rlcore.rewards.functions import load_reward_function, reward_function_for
-from rlcore.rewards.worker import CustomSpec, Item, Outcome, ping, reference, score_items
+from rlcore.rewards.worker import CustomSpec, Item, Outcome, adopt_env, ping, reference, score_items
 
 logger = logging.getLogger(__name__)
 
@@ -142,7 +142,10 @@ class RuleRewardProvider(RewardProvider):
         # forkserver children start from a clean server process, not a fork of a threaded driver, and
         # without re-importing the driver's main module as spawn does.
         context = multiprocessing.get_context("forkserver" if "forkserver" in methods else "spawn")
-        executor = cf.ProcessPoolExecutor(self.config.num_workers, mp_context=context)
+        env = {k: v for k, v in os.environ.items() if k.startswith("RLCORE_")}
+        executor = cf.ProcessPoolExecutor(
+            self.config.num_workers, mp_context=context, initializer=adopt_env, initargs=(env,)
+        )
         self._executor = executor
         pings = [executor.submit(ping, self._custom) for _ in range(self.config.num_workers)]
         done, pending = cf.wait(pings, timeout=STARTUP_TIMEOUT_S)

@@ -42,6 +42,16 @@ def _on_alarm(signum: int, frame: Any) -> None:
     raise SampleTimeout
 
 
+def adopt_env(env: dict[str, str]) -> None:
+    """Pool initializer: take the driver's ``RLCORE_*`` variables (the run's ``RLCORE_SANDBOX`` ...).
+
+    A forkserver child inherits the environment of the server, which started with the first pool of
+    the process: a later run in the same process would otherwise see the first run's values."""
+    for key in [k for k in os.environ if k.startswith("RLCORE_") and k not in env]:
+        del os.environ[key]
+    os.environ.update(env)
+
+
 def ping(custom: CustomSpec) -> int:
     """Warm a worker up (import the user file, if any) and return its pid."""
     if custom is not None:

@@ -1,5 +1,9 @@
 """The run's ``sandbox:`` section reaches the reward worker processes: the trainer exports it before
-any worker starts, and a scorer there builds its sandbox from it."""
+any worker starts, and a scorer there builds its sandbox from it.
+
+Reward workers are forked from multiprocessing's forkserver, which keeps the environment it started
+with (the first pool of the process); the pool's initializer hands them the driver's current
+``RLCORE_*`` variables, so this passes whether or not an earlier test started the forkserver."""
 
 from __future__ import annotations
 
