@@ -130,7 +130,16 @@ def environment() -> dict[str, Any]:
             # Every installed platform, highest priority first, with why it is (not) available.
             "detection": detection(),
         },
+        # Which layers hold a local sandbox call here (one trivial call finds out).
+        "sandbox": _sandbox_layers(),
     }
+
+
+def _sandbox_layers() -> dict[str, Any]:
+    from rlcore.sandbox.local import LocalSandbox
+
+    isolation = LocalSandbox().isolation()
+    return {k: isolation[k] for k in ("network", "filesystem", "processes", "signals", "cleanup", "guard")}
 
 
 def cmd_env(args: Any) -> int:
@@ -151,6 +160,9 @@ def cmd_env(args: Any) -> int:
         mark = "*" if row["chosen"] else " "
         state = "available" if row["available"] else "no device"
         print(f"  {mark} {row['name']:<10} priority {row['priority']:>4}  {state:<10} {row['why']}")
+    print("local sandbox layers (docs/agents.md, The sandbox):")
+    for concern, layers in data["sandbox"].items():
+        print(f"  {concern:<11} {', '.join(layers) if layers else '-'}")
     return 0
 
 
