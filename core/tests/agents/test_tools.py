@@ -121,3 +121,26 @@ def test_build_tools_errors_name_the_key():
         build_tools(["calculator"], {"python": {}})
     with pytest.raises(LookupError, match="(?s)unknown tool 'calculater'.*Did you mean 'calculator'"):
         build_tools(["calculater"])
+
+
+def test_prompts_offer_the_tools_only_when_the_agent_is_on():
+    from rlcore.agents import AgentConfig
+    from rlcore.agents.config import data_with_tools
+    from rlcore.data import DataConfig
+
+    data = DataConfig(apply_chat_template_kwargs={"enable_thinking": False})
+    on = data_with_tools(data, AgentConfig(enabled=True, tools=["calculator", "python"]))
+    names = [t["function"]["name"] for t in on.apply_chat_template_kwargs["tools"]]
+    assert names == ["calculator", "python"] and on.apply_chat_template_kwargs["enable_thinking"] is False
+    assert data_with_tools(data, AgentConfig(enabled=False)) is data
+    own = DataConfig(apply_chat_template_kwargs={"tools": []})
+    assert data_with_tools(own, AgentConfig(enabled=True)) is own
+
+
+def test_agent_config_errors_name_the_key():
+    from rlcore.agents import AgentConfig
+
+    with pytest.raises(ValueError, match="agent.max_turns must be > 0"):
+        AgentConfig(max_turns=0)
+    with pytest.raises(ValueError, match="agent.tool_call_format must be one of hermes"):
+        AgentConfig(tool_call_format="xml")
