@@ -74,11 +74,14 @@ def load_sft_examples(
     apply_chat_template: bool = True,
     max_prompt_length: int | None = None,
     max_response_length: int | None = None,
+    chat_template_kwargs: dict[str, Any] | None = None,
 ) -> list[SFTExample]:
     """Examples from parquet/jsonl ``files``: column ``prompt_key`` holds chat messages (or text, with
     ``apply_chat_template=False``), column ``response_key`` the response text. Prompts are rendered as
-    RL prompts are (chat template with the generation prompt); responses get the tokenizer's
-    end-of-sequence token appended. A bad row, or one over a length limit, is an error naming it."""
+    RL prompts are (chat template with the generation prompt and ``chat_template_kwargs``, the run's
+    ``data.apply_chat_template_kwargs``: the tools' schemas of an agent run among them); responses get
+    the tokenizer's end-of-sequence token appended. A bad row, or one over a length limit, is an error
+    naming it."""
     if not files:
         raise DataError(
             "no SFT data files given: set sft.files to parquet/jsonl files of prompt/response rows"
@@ -93,7 +96,9 @@ def load_sft_examples(
         loaded = read_file(path)
         for i, row in enumerate(loaded.rows):
             where = loaded.where(i)
-            text = _render_prompt(row, where, tokenizer, prompt_key, apply_chat_template)
+            text = _render_prompt(
+                row, where, tokenizer, prompt_key, apply_chat_template, chat_template_kwargs
+            )
             response = row.get(response_key)
             if not isinstance(response, str):
                 raise DataError(
@@ -114,7 +119,14 @@ def load_sft_examples(
     return examples
 
 
-def _render_prompt(row: dict[str, Any], where: str, tokenizer: Any, key: str, chat: bool) -> str:
+def _render_prompt(
+    row: dict[str, Any],
+    where: str,
+    tokenizer: Any,
+    key: str,
+    chat: bool,
+    kwargs: dict[str, Any] | None = None,
+) -> str:
     prompt = row.get(key)
     if isinstance(prompt, str) and not chat:
         return prompt
@@ -133,7 +145,7 @@ def _render_prompt(row: dict[str, Any], where: str, tokenizer: Any, key: str, ch
         )
     if not chat:
         return "\n".join(str(m["content"]) for m in prompt)
-    return tokenizer.apply_chat_template(prompt, add_generation_prompt=True, tokenize=False)
+    return tokenizer.apply_chat_template(prompt, add_generation_prompt=True, tokenize=False, **(kwargs or {}))
 
 
 def sft_batch(examples: Sequence[SFTExample], pad_token_id: int) -> Batch:
