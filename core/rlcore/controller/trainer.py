@@ -345,6 +345,7 @@ class Trainer:
         cfg = self.config
         if cfg.trainer.warmup_sft_steps == 0:
             return []
+        from rlcore.agents.config import data_with_tools
         from rlcore.controller.sft import load_sft_examples
 
         return load_sft_examples(
@@ -355,6 +356,8 @@ class Trainer:
             apply_chat_template=cfg.data.apply_chat_template,
             max_prompt_length=cfg.data.max_prompt_length,
             max_response_length=cfg.sft.max_response_length,
+            # As RL prompts are rendered: an agent run's warm-up prompts offer the same tools.
+            chat_template_kwargs=data_with_tools(cfg.data, cfg.agent).apply_chat_template_kwargs,
         )
 
     def next_prompts(self) -> Batch:
