@@ -7,11 +7,12 @@
 
 from rlcore.agents.config import AgentConfig
 from rlcore.agents.tool_calls import ToolCall, parse_tool_calls
-from rlcore.agents.tools import Tool, ToolResult, build_tools, call_tool, tool_schemas
+from rlcore.agents.tools import Tool, ToolError, ToolResult, build_tools, call_tool, tool_schemas
 
 __all__ = [
     "AgentConfig",
     "Tool",
+    "ToolError",
     "ToolCall",
     "ToolResult",
     "build_tools",

@@ -16,7 +16,7 @@ import operator
 from fractions import Fraction
 from typing import Any
 
-from rlcore.agents.tools import Tool
+from rlcore.agents.tools import Tool, ToolError
 
 _BINARY = {
     ast.Add: operator.add,
@@ -168,6 +168,8 @@ class PythonInterpreter(Tool):
         return self._sandbox, (SandboxLimits(**self.limits) if self.limits else None)
 
     async def __call__(self, code: Any) -> str:
+        """The program's output; a failure (exception, timeout, memory, killed) raises :class:`ToolError`
+        with the status, the exception's last line, then the output."""
         if not isinstance(code, str):
             raise TypeError(f"code must be a string, got {type(code).__name__}")
         sandbox, limits = self._get_sandbox()
@@ -180,7 +182,10 @@ class PythonInterpreter(Tool):
             "memory": "the program ran out of memory",
             "killed": "the program was killed",
         }.get(result.status, f"the program failed (exit code {result.exit_code})")
-        return f"Error: {why}\n{output}".rstrip("\n")
+        # The exception (a traceback's last line) first: a long tool message is cut from its end.
+        last = next((line for line in reversed((result.stderr or "").splitlines()) if line.strip()), "")
+        head = why + (f": {last.strip()}" if last else "")
+        raise ToolError(f"{head}\n{output}".rstrip("\n"))
 
     def close(self) -> None:
         # The run's default sandbox is shared by the process; only a sandbox of this tool's own is closed.

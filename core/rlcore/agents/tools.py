@@ -73,6 +73,11 @@ class Tool(abc.ABC):
         """Release what the tool holds (processes, sessions). Default: nothing."""
 
 
+class ToolError(Exception):
+    """Raised by a tool whose message is the whole explanation: the model reads ``Error: <message>``
+    (any other exception reads ``Error: <Type>: <message>``). Either way the call counts as failed."""
+
+
 @attrs.define(frozen=True)
 class ToolResult:
     """What one call produced: the tool message's ``text`` and ``status`` (``ok``, ``error``,
@@ -106,6 +111,8 @@ async def call_tool(tools: Mapping[str, Tool], call: ToolCall) -> ToolResult:
         return ToolResult(
             call.name, f"Error: tool {call.name!r} timed out after {tool.timeout_s:g} s", "timeout"
         )
+    except ToolError as exc:
+        return ToolResult(call.name, f"Error: {exc}", "error")
     except Exception as exc:  # the model reads what went wrong; the episode goes on
         return ToolResult(call.name, f"Error: {type(exc).__name__}: {exc}", "error")
     return ToolResult(call.name, str(text), "ok")

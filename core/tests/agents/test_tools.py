@@ -8,7 +8,7 @@ from fractions import Fraction
 import pytest
 from rlcore.agents.builtin_tools import Calculator, CalculatorError, evaluate
 from rlcore.agents.tool_calls import ToolCall
-from rlcore.agents.tools import Tool, build_tools, call_tool, tool_schemas
+from rlcore.agents.tools import Tool, ToolError, build_tools, call_tool, tool_schemas
 from rlcore.plugins import registry
 
 
@@ -66,7 +66,18 @@ class Broken(Tool):
         raise RuntimeError("disk on fire")
 
 
-TOOLS = {"slow": Slow(), "broken": Broken(), "calculator": Calculator()}
+class Refuses(Tool):
+    name, description, parameters = (
+        "refuses",
+        "Fails with its own words.",
+        {"type": "object", "properties": {}},
+    )
+
+    async def __call__(self):
+        raise ToolError("no such city; try a capital")
+
+
+TOOLS = {"slow": Slow(), "broken": Broken(), "calculator": Calculator(), "refuses": Refuses()}
 
 
 @pytest.mark.parametrize(
@@ -76,7 +87,7 @@ TOOLS = {"slow": Slow(), "broken": Broken(), "calculator": Calculator()}
         (
             ToolCall("search", {"q": "x"}),
             "unknown_tool",
-            "Error: unknown tool 'search'; available tools: broken, calculator, slow",
+            "Error: unknown tool 'search'; available tools: broken, calculator, refuses, slow",
         ),
         (
             ToolCall("calculator", {}),
@@ -94,6 +105,7 @@ TOOLS = {"slow": Slow(), "broken": Broken(), "calculator": Calculator()}
             "Error: could not parse",
         ),
         (ToolCall("broken", {}), "error", "Error: RuntimeError: disk on fire"),
+        (ToolCall("refuses", {}), "error", "Error: no such city; try a capital"),
         (ToolCall("calculator", {"expression": "os.system('x')"}), "error", "Error: CalculatorError: "),
         (ToolCall("slow", {"seconds": 5}), "timeout", "Error: tool 'slow' timed out after 0.2 s"),
         (ToolCall("slow", {"seconds": 0}), "ok", "woke"),
