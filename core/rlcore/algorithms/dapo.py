@@ -213,11 +213,15 @@ def apply_overlong_penalty(
     max_response_length: int,
     buffer_len: int,
     penalty_factor: float = 1.0,
+    response_length: torch.Tensor | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """Add :func:`overlong_penalty` to ``token_level_scores [B, T]`` on each row's last valid token.
 
-    The length is the number of valid tokens in ``response_mask [B, T]``. Returns the new scores and the
-    penalties ``[B]``; a row with no valid token is left unchanged.
+    The length is ``response_length [B]`` when given, else the number of valid tokens in ``response_mask
+    [B, T]``. A multi-turn response passes its whole span (model and tool tokens: what the budget
+    ``max_response_length`` counts, as verl's DAPO reward manager measures it from the attention mask),
+    while the penalty still lands on the last model token. Returns the new scores and the penalties
+    ``[B]``; a row with no valid token is left unchanged.
     """
     if token_level_scores.shape != response_mask.shape:
         raise ValueError(
@@ -225,7 +229,8 @@ def apply_overlong_penalty(
             f"{tuple(response_mask.shape)} differ in shape"
         )
     mask = response_mask.bool()
-    penalty = overlong_penalty(mask.sum(dim=-1), max_response_length, buffer_len, penalty_factor)
+    lengths = mask.sum(dim=-1) if response_length is None else response_length
+    penalty = overlong_penalty(lengths, max_response_length, buffer_len, penalty_factor)
     positions = torch.arange(mask.shape[-1], device=mask.device).expand_as(mask)
     last = torch.where(mask, positions, -1).amax(dim=-1)
     rows = (last >= 0).nonzero().flatten()

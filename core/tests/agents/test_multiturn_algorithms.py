@@ -218,3 +218,21 @@ def test_value_loss_ignores_observation_tokens():
     assert loss.item() == pytest.approx(0.5 * sum(ref_terms) / len(ref_terms), rel=1e-9)
     loss.backward()
     assert bool((vpreds.grad[~mask.bool()] == 0).all())
+
+
+def test_dapo_overlong_penalty_counts_the_whole_span_and_lands_on_the_last_model_token():
+    from rlcore.algorithms.dapo import apply_overlong_penalty
+
+    mask = mask_tensor()
+    span = torch.tensor([8, 5, 7, 8, 1, 7])  # model and tool tokens of each row, as the budget counts them
+    scores = outcome_rewards()
+    out, penalty = apply_overlong_penalty(scores, mask, 8, 4, 1.0, response_length=span)
+    for i, row in enumerate(MASKS):
+        expected = min(0.0, -(span[i].item() - (8 - 4)) / 4 * 1.0)
+        assert penalty[i].item() == pytest.approx(expected)
+        for t in range(8):
+            added = expected if t == last_model_token(row) else 0.0
+            assert out[i, t].item() == pytest.approx(scores[i, t].item() + added)
+    # Without the span, the model tokens alone are the length (the single-turn case).
+    _, by_mask = apply_overlong_penalty(scores, mask, 8, 4, 1.0)
+    assert by_mask.tolist() == pytest.approx([min(0.0, -(sum(r) - 4) / 4) for r in MASKS])

@@ -57,12 +57,15 @@ def shape_overlong(ctx: StepContext, batch: Batch, buffer_len: int) -> Batch:
     """Soft overlong punishment on ``token_level_scores`` (the last ``buffer_len`` tokens before the
     length limit cost up to ``penalty_factor``)."""
     shaping = ctx.preset.overlong_buffer
+    # The whole response span (tool tokens of a multi-turn episode included), as the budget counts it.
+    span = batch["attention_mask"][:, -batch["responses"].shape[1] :].sum(-1)
     scores, penalty = apply_overlong_penalty(
         batch["token_level_scores"],
         batch["response_mask"],
         ctx.config.rollout.max_response_length,
         buffer_len,
         shaping.penalty_factor,
+        response_length=span,
     )
     batch.tensors["token_level_scores"] = scores
     ctx.record({"reward/overlong_penalty_mean": float(penalty.mean())})
