@@ -236,3 +236,51 @@ def test_dapo_overlong_penalty_counts_the_whole_span_and_lands_on_the_last_model
     # Without the span, the model tokens alone are the length (the single-turn case).
     _, by_mask = apply_overlong_penalty(scores, mask, 8, 4, 1.0)
     assert by_mask.tolist() == pytest.approx([min(0.0, -(sum(r) - 4) / 4) for r in MASKS])
+
+
+@pytest.mark.parametrize("mode", ["token-mean", "seq-mean-token-mean"])
+def test_actor_loss_with_entropy_and_kl_terms_counts_model_tokens_only(mode):
+    """GRPO's whole actor loss (clip + entropy bonus + low-variance KL to the reference) against a loop;
+    the tool tokens' log-probs, entropies and reference log-probs never matter."""
+    from rlcore.algorithms.losses import ActorLoss
+    from rlcore.api import Batch
+
+    g = torch.Generator().manual_seed(5)
+    mask = mask_tensor()
+    old = -torch.rand(mask.shape, generator=g, dtype=torch.float64) * 2
+    new = old + 0.2 * torch.randn(mask.shape, generator=g, dtype=torch.float64)
+    ref = old + 0.3 * torch.randn(mask.shape, generator=g, dtype=torch.float64)
+    entropy = torch.rand(mask.shape, generator=g, dtype=torch.float64)
+    adv, _ = adv_mod.grpo(outcome_rewards(), mask, UIDS)
+    adv = adv.double()
+    loss_fn = ActorLoss(
+        loss_agg_mode=mode, entropy_coeff=0.01, use_kl_loss=True, kl_loss_type="low_var_kl", kl_loss_coef=0.1
+    )
+
+    def run(new, ref, entropy):
+        batch = Batch({"old_log_probs": old, "advantages": adv, "response_mask": mask, "ref_log_prob": ref})
+        return loss_fn({"log_probs": new, "entropy": entropy}, batch)[0].item()
+
+    pg = reference_ppo_token_losses(old.tolist(), new.tolist(), adv.tolist(), MASKS, 0.2)
+    ent = [
+        [e if m else None for e, m in zip(er, mr, strict=True)]
+        for er, mr in zip(entropy.tolist(), MASKS, strict=True)
+    ]
+    kl = []
+    for n_row, r_row, m_row in zip(new.tolist(), ref.tolist(), MASKS, strict=True):
+        row = []
+        for n, r, m in zip(n_row, r_row, m_row, strict=True):
+            d = max(-20.0, min(20.0, r - n))  # low_var_kl (k3): exp(ref - logp) - (ref - logp) - 1, clamped
+            row.append(min(10.0, max(-10.0, math.exp(d) - d - 1)) if m else None)
+        kl.append(row)
+    expected = (
+        reference_aggregate(pg, mode, 8)
+        - 0.01 * reference_aggregate(ent, mode, 8)
+        + 0.1 * reference_aggregate(kl, mode, 8)
+    )
+    assert run(new, ref, entropy) == pytest.approx(expected, rel=1e-9)
+    tool = ~mask.bool()
+    poked = [t.clone() for t in (new, ref, entropy)]
+    for t in poked:
+        t[tool] = 7.0
+    assert run(*poked) == pytest.approx(expected, rel=1e-9)
