@@ -14,7 +14,8 @@ key                    shape        meaning
 ``input_ids``          ``[B, P+R]`` ``cat(prompts, responses)``
 ``attention_mask``     ``[B, P+R]`` 1 on real tokens
 ``position_ids``       ``[B, P+R]`` positions counted over real tokens
-``response_mask``      ``[B, R]``   1 on response tokens that count in losses
+``response_mask``      ``[B, R]``   1 on response tokens that count in losses (0 on tool-observation
+                                    tokens of a multi-turn episode, which ``attention_mask`` keeps)
 ``old_log_probs``      ``[B, R]``   log-probs of the trainer before the update (absent in an on-policy update)
 ``ref_log_prob``       ``[B, R]``   reference policy log-probs
 ``values``             ``[B, R]``   critic values
