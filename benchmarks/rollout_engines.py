@@ -157,10 +157,15 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("vllm", type=Path)
     parser.add_argument("sglang", type=Path)
+    parser.add_argument("--more-vllm", type=Path, nargs="*", default=[], help="more vllm_gpu.py JSON (sync rows)")
     parser.add_argument("--out", type=Path)
     parser.add_argument("--plot", type=Path)
     args = parser.parse_args()
-    table = compare(json.loads(args.vllm.read_text()), json.loads(args.sglang.read_text()))
+    vllm = json.loads(args.vllm.read_text())
+    for path in args.more_vllm:  # vLLM's 1.5B sync runs in a process of its own
+        if path.exists():
+            vllm["weight_sync"] += json.loads(path.read_text())["weight_sync"]
+    table = compare(vllm, json.loads(args.sglang.read_text()))
     if args.out:
         args.out.write_text(json.dumps(table, indent=2))
     command = "bash benchmarks/gpu/engines_h100.sh bench"

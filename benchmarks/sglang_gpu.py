@@ -75,7 +75,8 @@ def run_plugin(engine, prompts, params) -> float:
 def run_raw(engine, prompts, params) -> float:
     """The same requests as one batched ``async_generate`` on the engine's own loop: the call
     ``sglang.Engine.generate`` makes, without rlcore's checks, gate or result conversion."""
-    from rlcore_sglang.sampling import request_seeds, to_sglang
+    from rlcore.api.requests import request_seeds
+    from rlcore_sglang.sampling import to_sglang
 
     sampling = [to_sglang(params, request_seeds(params, i)[0]) for i in range(len(prompts))]
     with engine.exclusive() as sgl:

@@ -115,7 +115,8 @@ def run_plugin(engine, prompts, params) -> float:
 
 
 def run_raw(engine, prompts, params) -> float:
-    from rlcore_vllm.sampling import request_seeds, to_vllm
+    from rlcore.api.requests import request_seeds
+    from rlcore_vllm.sampling import to_vllm
 
     with engine.exclusive() as llm:
         vllm_params = [to_vllm(params, request_seeds(params, i)[0]) for i in range(len(prompts))]
@@ -201,7 +202,9 @@ def weight_sync(engine, trainer, shape: str, bucket_mib: int, repeats: int, plat
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--batch", type=int, nargs="+", default=[64, 256])
+    parser.add_argument(
+        "--batch", type=int, nargs="*", default=[64, 256], help="batch sizes of the throughput runs (none: skip them)"
+    )
     parser.add_argument("--repeats", type=int, default=3)
     parser.add_argument("--bucket-mib", type=int, default=512)
     parser.add_argument("--new-tokens", type=int, default=256)
@@ -240,7 +243,7 @@ def main() -> None:
         engine = make_engine(path, i > 0 or device.type == "cpu", platform, args.kv_cache_gib)
         result[f"engine_start_s_{shape}"] = time.perf_counter() - started
         try:
-            if i == 0:
+            if i == 0 and args.batch:
                 result["throughput"] = throughput(engine, args.batch, args.repeats, args.new_tokens)
                 for rec in result["throughput"]:
                     for what, value in rec["tokens_per_s"].items():
