@@ -66,7 +66,10 @@ class EngineSpec:
     lr_schedule: str = "constant"  # "constant" | "cosine"
     min_lr_ratio: float = 0.0
     micro_batch_size: int = 4
-    max_tokens_per_micro_batch: int | None = None  # dynamic micro-batches by token budget
+    # Dynamic micro-batches by token budget. "auto": the train worker sizes it from its device's memory
+    # before building the engine (rlcore.controller.micro_batching), so an engine only ever sees an int.
+    max_tokens_per_micro_batch: int | str | None = None
+    max_sequence_length: int | None = None  # longest prompt + response the role will see
     gradient_checkpointing: bool = False
     temperature: float = 1.0  # log-probs are of logits / temperature, as the rollout sampled them
     seed: int = 0

@@ -87,9 +87,10 @@ class ActorConfig:
     ppo_mini_batch_size: int | None = attrs.field(default=None, validator=_positive)
     #: Passes over each batch.
     ppo_epochs: int = attrs.field(default=1, validator=_positive)
-    #: Sequences per forward/backward on one rank.
-    micro_batch_size: int = attrs.field(default=8, validator=_positive)
-    #: Token budget per micro-batch (dynamic micro-batches); ``None`` uses ``micro_batch_size``.
+    #: Sequences per forward/backward on one rank. ``None`` (and no ``max_tokens_per_micro_batch``):
+    #: micro-batches by a token budget the worker sizes from its device's memory and the model's shape.
+    micro_batch_size: int | None = attrs.field(default=None, validator=_positive)
+    #: Token budget per micro-batch (dynamic micro-batches); wins over ``micro_batch_size``.
     max_tokens_per_micro_batch: int | None = attrs.field(default=None, validator=_positive)
     #: Recompute activations in backward to save memory.
     gradient_checkpointing: bool = False
@@ -113,8 +114,9 @@ class CriticConfig:
     optim: OptimConfig = attrs.Factory(lambda: OptimConfig(lr=1e-5))
     #: Passes over each batch.
     ppo_epochs: int = attrs.field(default=1, validator=_positive)
-    #: Sequences per forward/backward on one rank.
-    micro_batch_size: int = attrs.field(default=8, validator=_positive)
+    #: Sequences per forward/backward on one rank; ``None``: by a token budget sized from the device's
+    #: memory and the model's shape, as for the actor.
+    micro_batch_size: int | None = attrs.field(default=None, validator=_positive)
     #: Value clipping range around the old values.
     cliprange_value: float = 0.5
 
@@ -217,6 +219,10 @@ class TransportConfig:
     max_logprob_diff: float | None = None
     #: Probe prompts for the post-sync check (0 disables it).
     check_prompts: int = 2
+    #: Run the post-sync check on the first two syncs (the initial weights and the first trained ones:
+    #: where a layout or cache bug shows) and then at every step divisible by this (1: every sync). In
+    #: between, ``rollout/logprob_diff_mean`` still compares rollout and trainer log-probs every step.
+    check_interval: int = attrs.field(default=10, validator=_positive)
 
 
 def _data_files(instance: Any, attribute: attrs.Attribute, value: list[str]) -> None:

@@ -30,6 +30,7 @@ from rlcore.controller.flows.context import MemoryPlan, StepContext
 from rlcore.controller.flows.phases import generate, score, sync_weights
 from rlcore.controller.loggers import MetricsLogger, build_loggers, check_logger_names
 from rlcore.controller.metrics import mean_by, throughput
+from rlcore.controller.micro_batching import AUTO
 
 logger = logging.getLogger(__name__)
 
@@ -38,6 +39,11 @@ TRAINED_ROLES = ("actor", "critic")
 
 
 # -- what each role is built from ------------------------------------------------------------------
+#: ``EngineSpec.micro_batch_size`` while an ``"auto"`` budget is pending: the worker replaces it with the
+#: rows its budget holds (rlcore.controller.micro_batching.resolve).
+DEFAULT_MICRO_BATCH_SIZE = 8
+
+
 def optimizer_steps(config: Any) -> int:
     """Optimizer steps of the whole run (the LR schedule's length): per training step, ``ppo_epochs``
     passes of ``train_batch_size / ppo_mini_batch_size`` mini-batches; plus the SFT warm-up's steps."""
@@ -69,12 +75,23 @@ def engine_spec(config: Any, role: str) -> EngineSpec:
         total_steps=optimizer_steps(config),
         lr_schedule=optim.lr_schedule,
         min_lr_ratio=optim.min_lr_ratio,
-        micro_batch_size=section.micro_batch_size,
-        max_tokens_per_micro_batch=config.actor.max_tokens_per_micro_batch if role != "critic" else None,
+        micro_batch_size=section.micro_batch_size or DEFAULT_MICRO_BATCH_SIZE,
+        max_tokens_per_micro_batch=micro_batch_tokens(section, role),
+        max_sequence_length=config.data.max_prompt_length + config.rollout.max_response_length,
         gradient_checkpointing=config.actor.gradient_checkpointing if role != "critic" else False,
         temperature=temperature,
         seed=config.trainer.seed,
     )
+
+
+def micro_batch_tokens(section: Any, role: str) -> int | str | None:
+    """``EngineSpec.max_tokens_per_micro_batch`` of ``role`` from its config ``section``: the actor's (and
+    reference's) explicit budget, else ``"auto"`` (the worker sizes one from its device,
+    :mod:`rlcore.controller.micro_batching`) unless ``micro_batch_size`` fixes the rows."""
+    budget = None if role == "critic" else section.max_tokens_per_micro_batch
+    if budget is not None:
+        return budget
+    return AUTO if section.micro_batch_size is None else None
 
 
 def rollout_spec(config: Any) -> RolloutSpec:

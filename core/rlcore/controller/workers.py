@@ -26,6 +26,7 @@ from collections.abc import Sequence
 from typing import Any
 
 from rlcore.api import Batch, Completion, DistInfo, EngineSpec, RolloutSpec, SamplingParams
+from rlcore.controller import micro_batching
 from rlcore.controller.failures import WorkerError
 from rlcore.controller.wire import from_wire, to_wire
 
@@ -201,6 +202,9 @@ class TrainWorker(Worker):
         self.platform = get_platform(device)
         entry = registry("train_engines").entry(engine_name)
         engine_cls = entry.load()
+        spec = micro_batching.resolve(
+            spec, device_bytes=self.platform.memory_stats()["total_gib"] * 2**30, shards=dist.world_size
+        )
         self.engine = engine_cls(spec, _engine_config(entry, engine_cls, engine_config), self.platform, dist)
 
     @reports_phase

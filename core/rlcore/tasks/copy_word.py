@@ -94,8 +94,8 @@ def rows(split: str) -> list[dict[str, Any]]:
 RECIPE: dict[str, Any] = {
     "model": {"path": "builtin:tiny"},
     "algorithm": {"name": "grpo", "use_kl_loss": False},
-    "actor": {"optim": {"lr": 5e-4}, "micro_batch_size": 64},
-    "critic": {"optim": {"lr": 1e-3}, "micro_batch_size": 64},
+    "actor": {"optim": {"lr": 5e-4}},
+    "critic": {"optim": {"lr": 1e-3}},
     "rollout": {"n": 8, "temperature": 1.0, "max_response_length": 6},
     "data": {"train_batch_size": 32, "max_prompt_length": 32},
     "reward": {"num_workers": 0},
