@@ -45,6 +45,10 @@ class ResourcePool:
     resource: str | None = None
     cpus_per_bundle: float = 1.0
     strategy: str = "PACK"
+    #: CPU threads (``OMP_NUM_THREADS``) of each worker in a bundle. Ray would give a worker as many as
+    #: its fractional CPU reservation rounds to, 1; but the roles colocated in a bundle take turns (the
+    #: rollout generates, then the actor trains), so each may use every core the bundle stands for.
+    threads_per_bundle: int = 1
     placement_group: Any = attrs.field(default=None, repr=False)
 
     def __attrs_post_init__(self) -> None:
@@ -205,7 +209,13 @@ def plan_placement(
         cpus_per_bundle = _round_down(min(1.0, total_cpus / sum(sizes.values())))
     if cpus_per_bundle <= 0 and resource is None:
         raise ValueError(f"{total_cpus} CPUs cannot hold {sum(sizes.values())} bundles")
-    pools = {name: ResourcePool(name, sizes[name], resource, cpus_per_bundle, strategy) for name in groups}
+    # The cores each device's bundle stands for: reservations stay within cpus_per_bundle so that every
+    # pool fits, but the threads of the workers sharing a bundle may use the machine's cores.
+    threads = max(1, int(total_cpus // sum(sizes.values())))
+    pools = {
+        name: ResourcePool(name, sizes[name], resource, cpus_per_bundle, strategy, threads_per_bundle=threads)
+        for name in groups
+    }
     slots = {}
     for name, roles in groups.items():
         for role in roles:

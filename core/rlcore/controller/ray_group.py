@@ -187,6 +187,8 @@ class RayGroup:
     def _start(self, worker_cls, worker_kwargs, env_vars, start_timeout_s) -> None:
         self.slot.pool.create(start_timeout_s)
         host, env = _host_class(), forwarded_env(env_vars)
+        if "OMP_NUM_THREADS" not in os.environ:  # the user's own setting wins
+            env.setdefault("OMP_NUM_THREADS", str(self.slot.pool.threads_per_bundle))
         for rank in range(self.world_size):
             options = self.slot.actor_options(rank)
             bundles = ",".join(map(str, self.slot.bundle_indices(rank)))

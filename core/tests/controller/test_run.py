@@ -36,7 +36,11 @@ def run(tmp_path: Path, tiny_model_path: Path, files: dict | None = None, **extr
 
 def test_a_run_writes_metrics_curves_checkpoint_and_a_summary(tmp_path, tiny_model_path):
     result, printed = run(
-        tmp_path, tiny_model_path, trainer__loggers="[console,jsonl,tensorboard]", trainer__total_steps=3
+        tmp_path,
+        tiny_model_path,
+        trainer__loggers="[console,jsonl,tensorboard]",
+        trainer__total_steps=3,
+        transport__check_interval=2,
     )
     assert result.ok and result.error is None and result.steps == 3
     run_dir = tmp_path / "runs" / "run"
@@ -70,7 +74,6 @@ def test_a_run_writes_metrics_curves_checkpoint_and_a_summary(tmp_path, tiny_mod
         "perf/tokens_per_s",
         "perf/generate_tokens_per_s",
         "sync/bytes",
-        "sync/logprob_diff_mean",
         "rollout/logprob_diff_mean",
         "reward/errors",
         "train/epoch",
@@ -78,6 +81,8 @@ def test_a_run_writes_metrics_curves_checkpoint_and_a_summary(tmp_path, tiny_mod
     for record in records[1:]:
         assert expected <= set(record), expected - set(record)
         assert "timing/old_log_probs" not in record  # an on-policy update needs no separate pass
+    # The post-sync check: the first two syncs, then every transport.check_interval=2 steps.
+    assert [r["step"] for r in records if "sync/logprob_diff_mean" in r] == [0, 1, 2]
     assert "val/reward" in records[2] and "timing/save" in records[3]  # val_freq=2; saved at the end
     assert result.history == records
 

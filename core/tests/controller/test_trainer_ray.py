@@ -48,6 +48,7 @@ def run(tmp_path: Path, tiny_model_path: Path, algorithm: str, backend: str):
         trainer__experiment_name=f"{algorithm}-{backend}",
         trainer__total_steps=12,
         trainer__val_freq=12,
+        transport__check_interval=1,  # the post-sync check after every sync, as asserted below
         **SETTINGS[algorithm],
     )
     result = run_training(config)

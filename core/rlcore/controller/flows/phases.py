@@ -262,16 +262,23 @@ def update_actor(ctx: StepContext, batch: Batch, loss) -> dict[str, float]:
     return _train(ctx, ctx.actor, batch, loss, ctx.config.actor.ppo_epochs, "update_actor")
 
 
+def check_due(ctx: StepContext) -> bool:
+    """Whether the sync at the end of step ``ctx.step`` (0: the initial one) runs the post-sync check:
+    the first two syncs, then every ``transport.check_interval`` steps."""
+    return bool(ctx.probe_prompts) and (ctx.step <= 1 or ctx.step % ctx.config.transport.check_interval == 0)
+
+
 def sync_weights(ctx: StepContext) -> dict[str, float]:
-    """Push the actor's weights to every rollout engine, then run the post-sync check: the rollout
-    generates from the probe prompts and the actor scores the same tokens; ``sync/logprob_diff_mean``
-    above ``transport.max_logprob_diff`` stops the run (:class:`~rlcore.rollout.sync_check.WeightSyncMismatch`)."""
+    """Push the actor's weights to every rollout engine, then, when :func:`check_due`, run the post-sync
+    check: the rollout generates from the probe prompts and the actor scores the same tokens;
+    ``sync/logprob_diff_mean`` above ``transport.max_logprob_diff`` stops the run
+    (:class:`~rlcore.rollout.sync_check.WeightSyncMismatch`)."""
     from rlcore.controller.roles import sync_weights as push
 
     with ctx.phase("sync_weights"):
         ctx.memory.use("sync")
         metrics = push(ctx.actor, ctx.rollout, ctx.transport, ctx.config.model.dtype)
-        if ctx.probe_prompts:
+        if check_due(ctx):
             ctx.memory.use("check")
             params = ctx.sampling_params(
                 n=1, max_tokens=min(PROBE_TOKENS, ctx.config.rollout.max_response_length)
