@@ -40,6 +40,7 @@ import json
 import os
 import platform
 import random
+import shutil
 import statistics
 import subprocess
 import sys
@@ -355,6 +356,8 @@ def run_one(system: str, size: str, steps: int, repeat: int, args, inputs: dict)
         rollout = system.removeprefix("rlcore-")
         cmd = rlcore_command(rollout, size, steps, run_dir, inputs, args.rlcore_override)
         steps_file = run_dir / "metrics.jsonl"
+    # a fresh folder: TRL's step timer appends, so an earlier run's steps would count again
+    shutil.rmtree(run_dir, ignore_errors=True)
     run_dir.parent.mkdir(parents=True, exist_ok=True)
     log = run_dir.parent / f"{run_dir.name}.log"
     measured = run_measured(cmd, log, steps_file, steps, f"{size} {system} #{repeat}", args.poll_s)
