@@ -157,7 +157,9 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("vllm", type=Path)
     parser.add_argument("sglang", type=Path)
-    parser.add_argument("--more-vllm", type=Path, nargs="*", default=[], help="more vllm_gpu.py JSON (sync rows)")
+    parser.add_argument(
+        "--more-vllm", type=Path, nargs="*", default=[], help="more vllm_gpu.py JSON (sync rows)"
+    )
     parser.add_argument("--out", type=Path)
     parser.add_argument("--plot", type=Path)
     args = parser.parse_args()

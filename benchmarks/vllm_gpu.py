@@ -203,7 +203,11 @@ def weight_sync(engine, trainer, shape: str, bucket_mib: int, repeats: int, plat
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument(
-        "--batch", type=int, nargs="*", default=[64, 256], help="batch sizes of the throughput runs (none: skip them)"
+        "--batch",
+        type=int,
+        nargs="*",
+        default=[64, 256],
+        help="batch sizes of the throughput runs (none: skip them)",
     )
     parser.add_argument("--repeats", type=int, default=3)
     parser.add_argument("--bucket-mib", type=int, default=512)
