@@ -9,23 +9,9 @@
 # Run it from the root of your checkout. It writes .gpu/c1 .. .gpu/cN (each <= 48 MiB), .gpu/tools (zstd for
 # the device, which has none) and .gpu/extra (pytest), and adds /.gpu/ to .git/info/exclude. How to ship
 # and unpack: README.md beside this script.
-set -euo pipefail
-root=$(git rev-parse --show-toplevel)
-work=$(mktemp -d)
-grep -qx '/.gpu/' "$root/.git/info/exclude" 2>/dev/null || { mkdir -p "$root/.git/info"; echo '/.gpu/' >> "$root/.git/info/exclude"; }
-rm -rf "$root/.gpu"; mkdir -p "$root/.gpu/tools" "$work/dl" "$work/site"
-dl() { python3 -m pip download -q --no-deps --only-binary=:all: --python-version 3.12 --implementation cp \
-  --platform manylinux_2_28_x86_64 --platform manylinux_2_17_x86_64 --platform manylinux2014_x86_64 \
-  --platform manylinux_2_24_x86_64 --platform manylinux_2_26_x86_64 --platform manylinux_2_27_x86_64 \
-  --platform manylinux_2_34_x86_64 --platform manylinux_2_35_x86_64 --platform manylinux1_x86_64 -d "$work/dl" "$@" 2>&1 | grep -v WARNING || true; }
-# base: what the GPU image lacks for an rlcore run (it has torch, transformers, pluggy, attrs, pyarrow, pyyaml, numpy)
-dl ray==2.60.0 omegaconf==2.4.0 cattrs jsonschema jsonschema-specifications referencing rpds-py megatron-core==0.19.2
-# Unpack keeping each file's mode (zipfile's extractall drops exec bits: Ray's raylet/gcs_server need them).
-unpack='import os,sys,zipfile
-z=zipfile.ZipFile(sys.argv[1])
-for i in z.infolist():
-    p=z.extract(i,sys.argv[2]); m=(i.external_attr>>16)&0o777
-    if m: os.chmod(p,m)'
+# shellcheck source=benchmarks/gpu/bundle_lib.sh
+source "$(dirname "$0")/bundle_lib.sh"
+bundle_start .gpu
 # What `sglang.Engine` (triton attention, pytorch sampling, memory saver) imported on the H100, 2026-11-24.
 # sglang pins transformers 5.12.1 (5.17 on the GPU machine clashes) and that needs tokenizers <= 0.23.0.
 dl sglang==0.5.16 sglang-kernel==0.4.5 torch_memory_saver flashinfer_python==0.6.14 transformers==5.12.1 tokenizers==0.22.2 \
@@ -38,16 +24,10 @@ dl sglang==0.5.16 sglang-kernel==0.4.5 torch_memory_saver flashinfer_python==0.6
      interegular blobfile sniffio anyio httpx httpcore h11 idna certifi prometheus-client python-dotenv httptools watchfiles \
      websockets pycryptodomex lxml
 # pytest for the GPU tests (the machine has none), installed with pip from these wheels there.
-mkdir -p "$root/.gpu/extra"
-python3 -m pip download -q --no-deps --only-binary=:all: --python-version 3.12 -d "$root/.gpu/extra" pytest iniconfig 2>&1 | grep -v WARNING || true
-for w in "$work"/dl/*.whl; do python3 -c "$unpack" "$w" "$work/site"; done
+mkdir -p "$out/extra"
+python3 -m pip download -q --no-deps --only-binary=:all: --python-version 3.12 -d "$out/extra" pytest iniconfig 2>&1 | grep -v WARNING || true
+bundle_unpack
 # FA3 (flash_ops, 1.1 GB), Blackwell, InfLLM and FlashMLA kernels: not loaded with attention_backend=triton on an H100.
 rm -rf "$work/site/sgl_kernel/flash_ops.abi3.so" "$work/site/sgl_kernel/sm100" "$work/site/sgl_kernel/"infllm_ops*.so \
        "$work/site/sgl_kernel/flashmla_ops.abi3.so"
-tar -C "$work/site" -cf - . | zstd -T2 -12 -q -o "$work/site.tar.zst"
-(cd "$work" && split -b 48M -d -a 1 site.tar.zst part.)
-i=1; for p in "$work"/part.*; do mkdir -p "$root/.gpu/c$i"; mv "$p" "$root/.gpu/c$i/"; i=$((i+1)); done
-cp /usr/bin/zstd "$root/.gpu/tools/"
-for l in $(ldd /usr/bin/zstd | awk '/=>/{print $3}' | grep -v libc.so); do cp -L "$l" "$root/.gpu/tools/"; done
-rm -rf "$work"
-echo "sglang bundle: $(ls -d "$root"/.gpu/c* | wc -l) chunk(s) in .gpu/; ship them as benchmarks/gpu/README.md says"
+bundle_finish sglang
