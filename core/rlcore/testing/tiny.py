@@ -84,7 +84,7 @@ def build_tiny_model(
     Idempotent: an existing complete folder (same settings) is reused, which keeps test suites fast.
     """
     import torch
-    from transformers import Qwen2Config, Qwen2ForCausalLM
+    from transformers import Qwen2ForCausalLM
 
     path = Path(path)
     settings = dict(
@@ -102,7 +102,43 @@ def build_tiny_model(
         return path
     path.mkdir(parents=True, exist_ok=True)
     tokenizer = build_tiny_tokenizer(path)
-    config = Qwen2Config(
+    config = tiny_qwen2_config(
+        tokenizer,
+        hidden_size=hidden_size,
+        intermediate_size=intermediate_size,
+        num_layers=num_layers,
+        num_heads=num_heads,
+        num_kv_heads=num_kv_heads,
+        max_position_embeddings=max_position_embeddings,
+        tie_word_embeddings=tie_word_embeddings,
+    )
+    torch.manual_seed(seed)
+    model = Qwen2ForCausalLM(config)
+    model.generation_config.eos_token_id = tokenizer.eos_token_id
+    model.generation_config.pad_token_id = tokenizer.pad_token_id
+    _save_quietly(model, path)
+    # Written last: its presence means the folder is complete.
+    marker.write_text(json.dumps(settings))
+    return path
+
+
+def tiny_qwen2_config(
+    tokenizer: Any,
+    *,
+    hidden_size: int,
+    intermediate_size: int,
+    num_layers: int,
+    num_heads: int,
+    num_kv_heads: int,
+    max_position_embeddings: int,
+    tie_word_embeddings: bool,
+    **extra: Any,
+) -> Any:
+    """The ``Qwen2Config`` of the tiny models (fp32, the tokenizer's vocabulary and special tokens);
+    ``extra``: more config fields (``num_labels`` for a classifier)."""
+    from transformers import Qwen2Config
+
+    return Qwen2Config(
         vocab_size=len(tokenizer),
         hidden_size=hidden_size,
         intermediate_size=intermediate_size,
@@ -116,15 +152,8 @@ def build_tiny_model(
         eos_token_id=tokenizer.eos_token_id,
         pad_token_id=tokenizer.pad_token_id,
         torch_dtype="float32",
+        **extra,
     )
-    torch.manual_seed(seed)
-    model = Qwen2ForCausalLM(config)
-    model.generation_config.eos_token_id = tokenizer.eos_token_id
-    model.generation_config.pad_token_id = tokenizer.pad_token_id
-    _save_quietly(model, path)
-    # Written last: its presence means the folder is complete.
-    marker.write_text(json.dumps(settings))
-    return path
 
 
 def _save_quietly(model: Any, path: Path) -> None:

@@ -13,7 +13,7 @@ import math
 import os
 from pathlib import Path
 
-from rlcore.testing.tiny import _save_quietly, build_tiny_tokenizer
+from rlcore.testing.tiny import _save_quietly, build_tiny_tokenizer, tiny_qwen2_config
 
 #: The chat template of the reward model's own tokenizer: unlike the policy's (Qwen style), so that
 #: reusing the policy's token ids would be wrong. It ends on EOS, not on the pad token, so the last real
@@ -46,7 +46,7 @@ def build_tiny_reward_model(
     the kind of classifier the reward-model checks refuse. Idempotent like ``build_tiny_model``.
     """
     import torch
-    from transformers import Qwen2Config, Qwen2ForSequenceClassification
+    from transformers import Qwen2ForSequenceClassification
 
     if tokenizer not in TOKENIZERS:
         raise ValueError(f"tokenizer must be one of {TOKENIZERS}, got {tokenizer!r}")
@@ -68,21 +68,16 @@ def build_tiny_reward_model(
     if tokenizer == "own":
         tok.chat_template = RM_CHAT_TEMPLATE
     tok.save_pretrained(str(path))
-    config = Qwen2Config(
-        vocab_size=len(tok),
+    config = tiny_qwen2_config(
+        tok,
         hidden_size=hidden_size,
         intermediate_size=2 * hidden_size,
-        num_hidden_layers=num_layers,
-        num_attention_heads=num_heads,
-        num_key_value_heads=num_kv_heads,
-        head_dim=hidden_size // num_heads,
+        num_layers=num_layers,
+        num_heads=num_heads,
+        num_kv_heads=num_kv_heads,
         max_position_embeddings=2048,
         tie_word_embeddings=False,
         num_labels=num_labels,
-        bos_token_id=tok.pad_token_id,
-        eos_token_id=tok.eos_token_id,
-        pad_token_id=tok.pad_token_id,
-        torch_dtype="float32",
     )
     torch.manual_seed(seed)
     model = Qwen2ForSequenceClassification(config)
