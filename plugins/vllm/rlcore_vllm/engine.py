@@ -120,6 +120,8 @@ class VLLMRollout(RolloutEngine):
                 packed = llm.collective_rpc("rlcore_packed_modules")[0]
                 vllm_config = llm.llm_engine.vllm_config
             self.weights = ModelWeights.from_pretrained(spec.model_path, packed)
+            #: ``direct`` or ``reload``: how weight loads reach the parameters (``vllm.weight_write``).
+            self.weight_write = self._plan_weight_write(config.weight_write)
         except BaseException:
             self.shutdown()
             raise
@@ -134,14 +136,31 @@ class VLLMRollout(RolloutEngine):
         self._released: set[str] = set()
         self._weights_discarded = False  # sleep level 2 dropped them; a load must come before generating
 
+    def _plan_weight_write(self, wanted: str) -> str:
+        if wanted == "reload":
+            return "reload"
+        layout = self.weights.layout
+        shapes = {name: list(shape) for name, shape in layout.shapes.items()}
+        ties = sorted({tuple(group) for group in layout.ties.values()})
+        with self._loop.exclusive() as llm:
+            reasons = llm.collective_rpc("rlcore_plan_direct_write", args=(shapes, [list(t) for t in ties]))
+        reason = next((r for r in reasons if r), None)
+        if reason is None:
+            return "direct"
+        if wanted == "direct":
+            raise ValueError(
+                f"vllm.weight_write=direct is not possible here: {reason}; set vllm.weight_write to auto "
+                f"or reload"
+            )
+        log.info("vllm rollout: weights load through vLLM's reload (%s)", reason)
+        return "reload"
+
     # -- generation ------------------------------------------------------------------------------
     def generate(self, prompts: Sequence[Sequence[int]], params: SamplingParams) -> list[list[Completion]]:
         rows = self._check_request(prompts, params)
-        futures = [
-            self._loop.submit(row, to_vllm(params, seed))
-            for i, row in enumerate(rows)
-            for seed in request_seeds(params, i)
-        ]
+        futures = self._loop.submit_many(
+            [(row, to_vllm(params, seed)) for i, row in enumerate(rows) for seed in request_seeds(params, i)]
+        )
         try:
             outputs = [f.result() for f in futures]
         except BaseException:
@@ -157,9 +176,9 @@ class VLLMRollout(RolloutEngine):
         """One prompt's ``n`` samples, awaited. Many calls may be in flight; the engine batches them with
         each other and with ``generate`` calls. Cancelling the awaiting task aborts its requests."""
         (row,) = self._check_request([prompt], params)
-        futures: list[Future] = [
-            self._loop.submit(row, to_vllm(params, seed)) for seed in request_seeds(params, 0)
-        ]
+        futures: list[Future] = self._loop.submit_many(
+            [(row, to_vllm(params, seed)) for seed in request_seeds(params, 0)]
+        )
         try:
             outputs = await asyncio.gather(*(asyncio.wrap_future(f) for f in futures))
         except BaseException:

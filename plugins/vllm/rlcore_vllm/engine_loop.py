@@ -15,11 +15,12 @@ binding on accelerators, memory binding on CPU).
 from __future__ import annotations
 
 import collections
+import functools
 import itertools
 import logging
 import queue
 import threading
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Sequence
 from concurrent.futures import Future, InvalidStateError
 from contextlib import contextmanager
 from typing import Any
@@ -75,12 +76,26 @@ class EngineLoop:
     def submit(self, prompt: list[int], params: Any) -> Future:
         """Queue one single-sample request; the future resolves to its final ``RequestOutput``.
         Cancelling the future aborts the request in the engine."""
+        return self.submit_many([(prompt, params)])[0]
+
+    def submit_many(self, requests: Sequence[tuple[list[int], Any]]) -> list[Future]:
+        """Queue ``(prompt, params)`` requests as one command: the engine thread adds them all before its
+        next step. Queued one by one, the thread could start stepping after the first few and schedule
+        the rest's prefills step by step behind them (the batch-256 gap to raw ``LLM.generate``)."""
         self._check_alive()
-        request_id = f"rlcore-{next(self._ids)}"
-        future: Future = Future()
-        future.add_done_callback(lambda f: f.cancelled() and self._inbox.put(_Abort(request_id)))
-        self._inbox.put(_Submit(request_id, prompt, params, future))
-        return future
+        commands, futures = [], []
+        for prompt, params in requests:
+            request_id = f"rlcore-{next(self._ids)}"
+            future: Future = Future()
+            future.add_done_callback(functools.partial(self._abort_if_cancelled, request_id))
+            commands.append(_Submit(request_id, prompt, params, future))
+            futures.append(future)
+        self._inbox.put(commands)
+        return futures
+
+    def _abort_if_cancelled(self, request_id: str, future: Future) -> None:
+        if future.cancelled():
+            self._inbox.put(_Abort(request_id))
 
     @contextmanager
     def exclusive(self) -> Iterator[Any]:
@@ -147,17 +162,9 @@ class EngineLoop:
             if isinstance(command, _Park) and engine.has_unfinished_requests():
                 return True
             backlog.popleft()
-            if isinstance(command, _Submit):
-                if command.future.cancelled():
-                    continue
-                try:
-                    engine.add_request(
-                        command.request_id, {"prompt_token_ids": command.prompt}, command.params
-                    )
-                except Exception as exc:
-                    _resolve(command.future, exc)
-                else:
-                    self._futures[command.request_id] = command.future
+            if isinstance(command, list):  # submit_many: add every request before the next step
+                for submit in command:
+                    self._add(engine, submit)
             elif isinstance(command, _Abort):
                 if self._futures.pop(command.request_id, None) is not None:
                     engine.abort_request([command.request_id])
@@ -171,6 +178,16 @@ class EngineLoop:
                 return False
         return True
 
+    def _add(self, engine: Any, command: _Submit) -> None:
+        if command.future.cancelled():
+            return
+        try:
+            engine.add_request(command.request_id, {"prompt_token_ids": command.prompt}, command.params)
+        except Exception as exc:
+            _resolve(command.future, exc)
+        else:
+            self._futures[command.request_id] = command.future
+
     def _fail_all(self, exc: BaseException) -> None:
         for future in self._futures.values():
             _resolve(future, exc)
@@ -181,8 +198,9 @@ class EngineLoop:
             except queue.Empty:
                 break
         for command in self._backlog:
-            if isinstance(command, _Submit):
-                _resolve(command.future, exc)
+            for submit in command if isinstance(command, list) else [command]:
+                if isinstance(submit, _Submit):
+                    _resolve(submit.future, exc)
         self._backlog.clear()
 
 

@@ -26,6 +26,8 @@ import torch
 from rlcore.api import WeightBucket
 from rlcore.weights import WeightLayout, assemble
 
+from rlcore_vllm.direct_write import vllm_module_of
+
 
 class WeightStreamError(ValueError):
     """A weight stream did not fit the model. ``loaded`` names the modules updated before the error
@@ -56,12 +58,7 @@ class ModelWeights:
     def module_of(self, name: str) -> str:
         """The vLLM module that ``name`` loads into: ``model.layers.0.self_attn.k_proj.bias`` ->
         ``model.layers.0.self_attn.qkv_proj``."""
-        parent = name.rpartition(".")[0]
-        head, _, last = parent.rpartition(".")
-        for fused, parts in self.packed.items():
-            if last in parts:
-                return f"{head}.{fused}" if head else fused
-        return parent
+        return vllm_module_of(name, self.packed)
 
     def members(self) -> dict[str, frozenset[str]]:
         """vLLM module -> the names it needs, all of them, before it can be rebuilt."""

@@ -7,6 +7,8 @@ from collections.abc import Iterable
 
 import torch
 
+from rlcore_vllm.direct_write import WritePlan, direct_writable
+
 #: The qualified name vLLM resolves in each worker process (dots only).
 EXTENSION = "rlcore_vllm.worker.WeightSyncExtension"
 
@@ -19,11 +21,39 @@ class WeightSyncExtension:
         model = self.model_runner.get_model()
         return {name: list(parts) for name, parts in getattr(model, "packed_modules_mapping", {}).items()}
 
+    def rlcore_plan_direct_write(self, shapes: dict[str, list[int]], ties: list[list[str]]) -> str | None:
+        """Prepare direct writes (:mod:`rlcore_vllm.direct_write`) of the Hugging Face weights ``shapes``
+        (with ``ties``); returns why they are impossible here, or None when planned."""
+        from vllm.distributed import get_tensor_model_parallel_world_size
+        from vllm.platforms import current_platform
+
+        self.rlcore_write_plan = None
+        if not current_platform.is_cuda():
+            return f"vLLM post-processes weights after loading on {current_platform.device_name}"
+        if get_tensor_model_parallel_world_size() != 1:
+            return "tensor_parallel_size > 1 (each worker holds a shard)"
+        model = self.model_runner.get_model()
+        self.rlcore_write_plan = WritePlan(
+            dict(model.named_parameters()),
+            shapes,
+            ties,
+            packed=getattr(model, "packed_modules_mapping", {}),
+            writable=direct_writable(model),
+        )
+        return None
+
     def rlcore_load_weights(self, weights: Iterable[tuple[str, torch.Tensor]]) -> None:
-        """Reload weights in Hugging Face names through vLLM's in-place reload, which repacks them into
-        the kernels' layouts (per-parameter ``load_weights`` fails on vLLM-CPU for exactly that reason)
-        and re-shards them for this worker's tensor-parallel rank."""
-        self.reload_weights(weights_iterator=weights, is_checkpoint_format=True)
+        """Load weights in Hugging Face names: planned ones by direct copies into the parameters, the
+        rest through vLLM's in-place reload, which rebuilds each module (repacking it into the
+        kernels' layouts: per-parameter ``load_weights`` fails on vLLM-CPU for exactly that reason) and
+        re-shards it for this worker's tensor-parallel rank."""
+        plan = getattr(self, "rlcore_write_plan", None)
+        if plan is not None:
+            weights = plan.write(weights)
+            torch.accelerator.synchronize()  # the sources may be another process's memory (IPC)
+            if not weights:
+                return
+        self.reload_weights(weights_iterator=iter(weights), is_checkpoint_format=True)
 
     def rlcore_load_serialized_weights(self, blob: bytes) -> None:
         """The same from a safetensors blob: how weights cross into worker processes (vLLM's RPC

@@ -179,3 +179,30 @@ def test_build_error_reaches_the_constructor():
 
     with pytest.raises(OSError, match="no such model folder"):
         EngineLoop(broken)
+
+
+def test_submit_many_adds_every_request_before_the_next_step():
+    """A generate call's requests reach the engine together: all of them are running at the first step
+    (one at a time, the thread could step after the first few and prefill the rest behind them)."""
+
+    class CountingEngine(FakeEngine):
+        def __init__(self):
+            super().__init__()
+            self.running_at_first_step = None
+
+        def step(self):
+            if self.running_at_first_step is None:
+                self.running_at_first_step = len(self.running)
+            return super().step()
+
+    class CountingLLM:
+        def __init__(self):
+            self.llm_engine = CountingEngine()
+
+    loop = loop_with(CountingLLM)
+    try:
+        futures = loop.submit_many([([i], 2) for i in range(64)])
+        assert [f.result(timeout=10).tokens for f in futures] == [[i + 1, i + 2] for i in range(64)]
+        assert loop.llm.llm_engine.running_at_first_step == 64
+    finally:
+        loop.close()
