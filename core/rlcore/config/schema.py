@@ -209,7 +209,9 @@ class AlgorithmConfig:
 class TransportConfig:
     """How weights travel from the trainer to the rollout engines."""
 
-    #: ``auto`` (in-process when colocated in one process, else ray), ``inprocess``, ``ray``, ``broadcast``.
+    #: ``auto`` (``inprocess`` when trainer and rollout share a process; ``ipc`` when colocated on GPUs of
+    #: one node: device buffers shared by handle; else ``ray``), ``inprocess``, ``ray``, ``broadcast``,
+    #: ``ipc``.
     name: str = "auto"
     #: Bucket size of the weight stream in bytes.
     bucket_bytes: int = attrs.field(default=256 * 2**20, validator=_positive)

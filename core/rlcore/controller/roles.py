@@ -195,12 +195,27 @@ class RolloutRole:
         self.group.shutdown()
 
 
-def resolve_transport_name(name: str, actor: TrainRole, rollout: RolloutRole) -> str:
-    """``auto``: ``inprocess`` when both roles live in this process (local backend), else ``ray``."""
+def resolve_transport_name(name: str, actor: TrainRole, rollout: RolloutRole, colocated: bool = False) -> str:
+    """``auto``: ``inprocess`` when both roles live in this process (local backend); ``ipc`` when they are
+    ``colocated`` on one node whose devices share memory by handle (GPUs: no trip through host memory);
+    else ``ray``."""
     if name != "auto":
         return name
-    local = isinstance(actor.group, LocalGroup) and isinstance(rollout.group, LocalGroup)
-    return "inprocess" if local else "ray"
+    if isinstance(actor.group, LocalGroup) and isinstance(rollout.group, LocalGroup):
+        return "inprocess"
+    if colocated and _one_node_sharing_device_memory(actor, rollout):
+        return "ipc"
+    return "ray"
+
+
+def _one_node_sharing_device_memory(actor: TrainRole, rollout: RolloutRole) -> bool:
+    infos = [*actor.group.ping(), *rollout.group.ping()]
+    nodes = {info.get("node_id") or info.get("hostname") for info in infos}
+    if len(nodes) != 1:
+        return False
+    return all(
+        [*actor.group.call_all("ipc_handles_supported"), *rollout.group.call_all("ipc_handles_supported")]
+    )
 
 
 def sync_weights(actor: TrainRole, rollout: RolloutRole, transport: Any, dtype: str) -> dict[str, float]:
@@ -239,6 +254,8 @@ def sync_weights(actor: TrainRole, rollout: RolloutRole, transport: Any, dtype: 
     else:
         sent = actor.group.call_all("send_weights", name, transport, dtype, sender)
         received = rollout.group.call_all("receive_weights", name, transport, sent[sender][0])
+        if hasattr(transport_cls, "release_sent"):  # every engine has loaded: the sender may free its copy
+            actor.group.call_rank(sender, "release_sent_weights", name, transport)
     seconds = time.perf_counter() - start
     send_stats = sent[sender][1]
     metrics = {

@@ -302,7 +302,10 @@ class Trainer:
                 cfg.trainer.release_train_in_rollout,
             ),
             transport=attrs.evolve(
-                cfg.transport, name=resolve_transport_name(cfg.transport.name, actor, rollout)
+                cfg.transport,
+                name=resolve_transport_name(
+                    cfg.transport.name, actor, rollout, colocated=cfg.trainer.placement == "colocated"
+                ),
             ),
             next_prompts=self.next_prompts,
             critic=self.roles.get("critic"),

@@ -149,6 +149,11 @@ class Worker:
         """A free TCP port on this worker's host (rendezvous of a weight-transport group)."""
         return free_port()
 
+    def ipc_handles_supported(self) -> bool:
+        """Whether this worker's device memory can be opened by another process by handle (the ``ipc``
+        weight transport)."""
+        return self.platform.ipc_handles_supported()
+
     def _transport(self, name: str, config: Any) -> Any:
         """This worker's instance of weight transport ``name`` (kept: some hold a process group)."""
         from rlcore.transports import build_transport
@@ -260,6 +265,10 @@ class TrainWorker(Worker):
         sender = self._transport(transport, config)
         handle = sender.send(buckets)
         return handle, dict(getattr(sender, "last_stats", {}))
+
+    def release_sent_weights(self, transport: str, transport_config: Any) -> None:
+        """Every receiver has loaded the last send: free what the transport kept for them."""
+        self._transport(transport, transport_config).release_sent()
 
     @reports_phase
     def release(self, tags: Sequence[str]) -> None:

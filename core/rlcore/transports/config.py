@@ -18,7 +18,8 @@ class TransportConfig:
 
     #: ``inprocess`` (trainer rank and rollout engine in one process: zero copy), ``ray`` (the Ray object
     #: store: works across processes and nodes), ``broadcast`` (torch.distributed broadcast from trainer
-    #: rank 0 to every rollout engine over the platform's collective backend: gloo, NCCL, HCCL).
+    #: rank 0 to every rollout engine over the platform's collective backend: gloo, NCCL, HCCL), ``ipc``
+    #: (device buffers shared by handle between processes of one node: colocated roles on GPUs).
     name: str = "ray"
     #: Upper bound of one bucket of the weight stream, in bytes (the trainer exports in buckets of this
     #: size; larger tensors are split). Bounds the transport's extra memory per step.
