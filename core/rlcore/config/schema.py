@@ -51,7 +51,7 @@ class ModelConfig:
     path: str = "builtin:tiny"
     #: Tokenizer folder; defaults to ``path``.
     tokenizer_path: str | None = None
-    #: Parameter dtype of trainer and rollout (they must agree for log-probs to match).
+    #: Parameter dtype of the trainer, and of the rollout unless ``rollout.dtype`` says otherwise.
     dtype: str = attrs.field(default="float32", validator=_one_of("float32", "bfloat16", "float16"))
 
 
@@ -127,6 +127,13 @@ class RolloutConfig:
 
     #: Rollout engine plugin (``vllm``, ``sglang``, ``hf`` ...); ``auto``: vllm when installed, else hf.
     engine: str = "auto"
+    #: Parameter dtype of the rollout engine, and of the weight stream to it; ``null``: ``model.dtype``.
+    #: ``bfloat16`` with an fp32 trainer (``model.dtype: float32`` and the engine's bf16 mixed precision)
+    #: is verl's usual setting: the trainer keeps fp32 master weights, generation runs in bf16, and the
+    #: rollout's log-probs differ from the trainer's by bf16 rounding (the post-sync check reports it).
+    dtype: str | None = attrs.field(
+        default=None, validator=attrs.validators.optional(_one_of("float32", "bfloat16", "float16"))
+    )
     #: Responses sampled per prompt (the group size of GRPO/RLOO).
     n: int = attrs.field(default=4, validator=_positive)
     #: Sampling temperature (0: greedy).

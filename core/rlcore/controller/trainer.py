@@ -94,10 +94,15 @@ def micro_batch_tokens(section: Any, role: str) -> int | str | None:
     return AUTO if section.micro_batch_size is None else None
 
 
+def rollout_dtype_name(config: Any) -> str:
+    """The rollout engine's parameter dtype: ``rollout.dtype``, else ``model.dtype``."""
+    return config.rollout.dtype or config.model.dtype
+
+
 def rollout_spec(config: Any) -> RolloutSpec:
     return RolloutSpec(
         model_path=config.model.path,
-        dtype=config.model.dtype,
+        dtype=rollout_dtype_name(config),
         tensor_parallel_size=config.rollout.tensor_parallel_size,
         max_model_len=config.data.max_prompt_length + config.rollout.max_response_length,
         gpu_memory_utilization=config.rollout.gpu_memory_utilization,

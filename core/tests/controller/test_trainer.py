@@ -243,3 +243,28 @@ def test_an_sft_warm_up_runs_between_the_first_validation_and_rl(tmp_path, tiny_
     # The warm-up taught digits, which is what the task rewards; the rollout got the new weights.
     assert first["val/reward_after_sft"] > first["val/reward"] + 0.2
     assert first["sync/logprob_diff_mean"] < 1e-4
+
+
+def test_rollout_dtype_sets_the_rollout_engine_and_its_weight_stream(tmp_path, tiny_model_path):
+    """``rollout.dtype: bfloat16`` under an fp32 trainer: the engine is built in bf16 and the weights
+    travel in bf16 (half the bytes); unset, both follow ``model.dtype``."""
+    files = task.write_task(tmp_path / "task")
+    seen = {}
+    for dtype in ("null", "bfloat16"):
+        trainer = make_trainer(
+            tmp_path,
+            files,
+            tiny_model_path,
+            trainer__total_steps=1,
+            trainer__val_before_train="false",
+            trainer__experiment_name=f"rollout-{dtype}",
+            rollout__dtype=dtype,
+        )
+        try:
+            (engine,) = [w.engine for w in trainer.ctx.rollout.group.workers]
+            records = trainer.fit()
+        finally:
+            trainer.close()
+        seen[dtype] = (engine.spec.dtype, records[-1]["sync/bytes"])
+    assert seen["null"][0] == "float32" and seen["bfloat16"][0] == "bfloat16"
+    assert seen["bfloat16"][1] == seen["null"][1] / 2

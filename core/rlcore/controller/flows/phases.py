@@ -274,10 +274,11 @@ def sync_weights(ctx: StepContext) -> dict[str, float]:
     ``sync/logprob_diff_mean`` above ``transport.max_logprob_diff`` stops the run
     (:class:`~rlcore.rollout.sync_check.WeightSyncMismatch`)."""
     from rlcore.controller.roles import sync_weights as push
+    from rlcore.controller.trainer import rollout_dtype_name
 
     with ctx.phase("sync_weights"):
         ctx.memory.use("sync")
-        metrics = push(ctx.actor, ctx.rollout, ctx.transport, ctx.config.model.dtype)
+        metrics = push(ctx.actor, ctx.rollout, ctx.transport, rollout_dtype_name(ctx.config))
         if check_due(ctx):
             ctx.memory.use("check")
             params = ctx.sampling_params(
