@@ -40,7 +40,12 @@ def sync(result: dict) -> dict[str, dict]:
     """Per model shape: the median sync seconds of the timed runs, the copy floor, bytes."""
     out = {}
     for rec in result["weight_sync"]:
-        timed = rec["load_weights_runs_s"][1:] or rec["load_weights_runs_s"]
+        if "load_weights_runs_s" in rec:  # SGLang's, and vLLM's before direct writes (first run untimed)
+            timed = rec["load_weights_runs_s"][1:] or rec["load_weights_runs_s"]
+            gap = rec["logprob_gap_after_sync"]
+        else:  # vLLM's ways (direct, reload, ipc): the fastest it has, already without the first run
+            way = "direct" if "direct_s" in rec else "reload"
+            timed, gap = rec[f"{way}_runs_s"], rec[f"logprob_gap_after_{way}"]
         out[rec["shape"]] = {
             "median_s": statistics.median(timed),
             "min_s": min(timed),
@@ -48,7 +53,7 @@ def sync(result: dict) -> dict[str, dict]:
             "copy_floor_s": rec["copy_floor_s"],
             "measured_copy_s": rec["measured_copy_s"],
             "bytes": rec["bytes"],
-            "logprob_gap_after_sync": rec["logprob_gap_after_sync"],
+            "logprob_gap_after_sync": gap,
         }
     return out
 

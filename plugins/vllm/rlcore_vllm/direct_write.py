@@ -89,11 +89,16 @@ class WritePlan:
     def __contains__(self, name: str) -> bool:
         return name in self.views or name in self.skipped
 
-    def write(self, named: Iterable[tuple[str, torch.Tensor]]) -> list[tuple[str, torch.Tensor]]:
-        """Copy every planned tensor of ``named`` into its parameter (one ``_foreach_copy_`` per device
-        of the sources; asynchronous on a device: synchronize before freeing the sources) and return the pairs that are not planned, in order, for the reload path."""
+    def write(
+        self, named: Iterable[tuple[str, torch.Tensor]], flush_bytes: int = 512 * 2**20
+    ) -> list[tuple[str, torch.Tensor]]:
+        """Copy every planned tensor of ``named`` into its parameter and return the pairs that are not
+        planned, in order, for the reload path. Copies go out as one ``_foreach_copy_`` per device of the
+        sources each time ``flush_bytes`` have gathered (the stream's tensors are released as it goes);
+        on a device they are asynchronous: synchronize before freeing the sources."""
         rest: list[tuple[str, torch.Tensor]] = []
-        by_device: dict[torch.device, tuple[list[torch.Tensor], list[torch.Tensor]]] = {}
+        pending: dict[torch.device, tuple[list[torch.Tensor], list[torch.Tensor]]] = {}
+        held = 0
         for name, tensor in named:
             view = self.views.get(name)
             if view is None:
@@ -104,12 +109,21 @@ class WritePlan:
                 raise ValueError(
                     f"weight {name!r} has shape {tuple(tensor.shape)}, the rollout model's is {tuple(view.shape)}"
                 )
-            dsts, srcs = by_device.setdefault(tensor.device, ([], []))
+            dsts, srcs = pending.setdefault(tensor.device, ([], []))
             dsts.append(view)
             srcs.append(tensor)
-        for dsts, srcs in by_device.values():
-            torch._foreach_copy_(dsts, srcs)
+            held += tensor.numel() * tensor.element_size()
+            if held >= flush_bytes:
+                _copy(pending)
+                held = 0
+        _copy(pending)
         return rest
+
+
+def _copy(pending: dict[torch.device, tuple[list[torch.Tensor], list[torch.Tensor]]]) -> None:
+    for dsts, srcs in pending.values():
+        torch._foreach_copy_(dsts, srcs)
+    pending.clear()
 
 
 def vllm_module_of(name: str, packed: Mapping[str, Sequence[str]]) -> str:
