@@ -416,12 +416,15 @@ class Trainer:
         self.step += 1
         ctx = self.ctx
         ctx.begin_step(self.step)
+        ctx.memory.take_seconds()  # validation and the warm-up moved memory too: not this step's
         start = time.perf_counter()
         metrics = dict(self.algorithm.step(ctx, prompts))
         step_s = time.perf_counter() - start
         metrics.update(ctx.metrics)
         metrics.update(ctx.timer.metrics())
         metrics["timing/step"] = step_s
+        # Inside the phases' times (each phase moves memory as it starts): what colocation costs.
+        metrics["timing/release_resume"] = ctx.memory.take_seconds()
         metrics.update(
             throughput(
                 int(metrics.get("tokens/total", 0)),

@@ -168,9 +168,13 @@ def test_colocated_roles_release_memory_around_each_phase(tmp_path, tiny_model_p
     seen: list = []
     spy(trainer, seen)
     try:
-        trainer.fit()
+        records = trainer.fit()
     finally:
         trainer.close()
+    steps = [r for r in records if "timing/step" in r]
+    assert len(steps) == 2
+    for record in steps:  # the moves' time, a part of the step's
+        assert 0 < record["timing/release_resume"] < record["timing/step"]
     generating = [state for phase, state in seen if phase == "generate"]
     training = [state for phase, state in seen if phase == "train"]
     assert generating and training

@@ -10,6 +10,7 @@ resumes device memory by tag around each phase when roles share devices.
 from __future__ import annotations
 
 import contextlib
+import time
 from collections.abc import Callable, Iterator
 from typing import Any
 
@@ -51,6 +52,8 @@ class MemoryPlan:
         self.enabled, self.rollout, self.train_roles = enabled, rollout, dict(train_roles)
         self.release_train = release_train
         self.released: dict[str, set[str]] = {name: set() for name in [*self.train_roles, "rollout"]}
+        #: seconds spent in release/resume calls, reported per step as ``timing/release_resume``
+        self.seconds = 0.0
         self.state: str | None = None
 
     def _tags(self, role: str) -> tuple[str, ...]:
@@ -77,6 +80,7 @@ class MemoryPlan:
         else:
             raise ValueError(f"unknown memory state {state!r}; use generate, train, sync or check")
         handles = {**self.train_roles, "rollout": self.rollout}
+        start = time.perf_counter()
         for name, tags in want.items():
             extra = sorted(tags - self.released[name])
             if extra:
@@ -88,6 +92,12 @@ class MemoryPlan:
                 handles[name].resume(back)
                 self.released[name] -= set(back)
         self.state = state
+        self.seconds += time.perf_counter() - start
+
+    def take_seconds(self) -> float:
+        """Seconds spent releasing and resuming since the last call (part of the phases' own times)."""
+        seconds, self.seconds = self.seconds, 0.0
+        return seconds
 
 
 @attrs.define(eq=False)
