@@ -1,0 +1,55 @@
+#!/usr/bin/env bash
+# The whole GRPO step on one lent GPU (issue 16): colocated weight sync against the copy floor, the vLLM
+# plugin against raw vLLM, rlcore's step phase by phase against its bound, and verl's step on the same
+# workload. Ship the vLLM bundle first (README.md beside this script: .gpu-vllm/c1..c5 -> /tmp/vstage),
+# and for verl its bundle (.gpu-verl/c* -> /tmp/verlstage).
+#   bash benchmarks/gpu/step_h100.sh [stage ...]      (results and logs under $OUT, default /tmp/out)
+# Stages: unpack (vLLM bundle -> /tmp/vsite, pytest and verl's bundle when shipped), setup (the project
+# into /tmp/proj), tests (the GPU tests of the ipc transport), sync (vllm_gpu.py sync rows, one process
+# per size: 0.5B, 1.5B, 7B), throughput (vllm_gpu.py plugin vs raw, interleaved, with the seeds' cost),
+# step (grpo_step_gpu.py: raw vLLM bound run, then rlcore train), verl (verl_grpo_step.py on the same
+# model and prompts), compare (both steps into one JSON and table).
+set -uo pipefail
+OUT=${OUT:-/tmp/out}; mkdir -p "$OUT"
+export PYTHONPATH=/tmp/proj:/tmp/vsite TOKENIZERS_PARALLELISM=false VLLM_USE_FLASHINFER_SAMPLER=0
+SHAPE=${SHAPE:-0.5B}
+step() { local name=$1 limit=$2; shift 2
+  echo "== $name: $*" | tee -a "$OUT/commands.txt"
+  timeout "$limit" "$@" > "$OUT/$name.log" 2>&1; echo "exit $?" >> "$OUT/$name.log"; tail -n 30 "$OUT/$name.log"; }
+free_gpu() { for p in /proc/[0-9]*; do  # processes holding the GPU open (nvidia-smi shows none in a container)
+    [ "${p#/proc/}" = "$$" ] && continue
+    ls -l "$p/fd" 2>/dev/null | grep -q /dev/nvidia && kill -9 "${p#/proc/}" 2>/dev/null; done; sleep 2
+  nvidia-smi --query-gpu=memory.used,memory.total --format=csv,noheader | tee -a "$OUT/commands.txt"; }
+for stage in "$@"; do case $stage in
+  unpack) if [ ! -d /tmp/vsite/vllm ]; then
+            mkdir -p /tmp/vsite && cat /tmp/vstage/part.* | LD_LIBRARY_PATH=.gpu-vllm/tools .gpu-vllm/tools/zstd -d -q | tar -C /tmp/vsite -xf -
+          fi
+          python3 -c "import pytest" 2>/dev/null || { [ -d .gpu/extra ] && python3 -m pip install -q --no-deps --no-index --target /tmp/vsite .gpu/extra/*.whl; }
+          if [ -d /tmp/verlstage ] && [ ! -d /tmp/verl/verl ]; then
+            mkdir -p /tmp/verl && cat /tmp/verlstage/part.* | LD_LIBRARY_PATH=.gpu-vllm/tools .gpu-vllm/tools/zstd -d -q | tar -C /tmp/verl -xf -
+          fi
+          ls /tmp/vsite | wc -l; ls /tmp/verl 2>/dev/null | wc -l ;;
+  setup) python3 -m pip install -q --no-deps --no-index --no-build-isolation --target /tmp/proj ./core ./plugins/vllm \
+           ./plugins/fsdp > "$OUT/setup.log" 2>&1; echo "setup exit $?"
+         nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv | tee -a "$OUT/setup.log" ;;
+  tests) step tests 200 python3 -m pytest core/tests/transports/test_ipc.py -v -rA --junitxml="$OUT/tests.xml" ;;
+  sync) for s in 0.5B 1.5B 7B; do free_gpu
+          step "sync-$s" 230 python3 benchmarks/vllm_gpu.py --batch --sync-shapes "$s" --bucket-mib 512 --repeats 5 \
+            --out "$OUT/vllm_sync_$s.json"; done ;;
+  sync-small) for s in 0.5B 1.5B; do free_gpu
+          step "sync-$s" 200 python3 benchmarks/vllm_gpu.py --batch --sync-shapes "$s" --bucket-mib 512 --repeats 5 \
+            --out "$OUT/vllm_sync_$s.json"; done ;;
+  throughput) free_gpu
+          step throughput 330 python3 benchmarks/vllm_gpu.py --batch 64 256 --new-tokens 256 --shape 0.5B --sync-shapes \
+            --repeats 5 --unseeded --out "$OUT/vllm_throughput.json" ;;
+  step) free_gpu
+        step "grpo-step-$SHAPE" 560 python3 benchmarks/grpo_step_gpu.py --shape "$SHAPE" --steps 4 --timeout 520 \
+          --out "$OUT/grpo_step" ;;
+  verl) free_gpu
+        PYTHONPATH=/tmp/proj:/tmp/verl:/tmp/vsite step "verl-$SHAPE" 560 python3 benchmarks/verl_grpo_step.py \
+          --model "$OUT/grpo_step/qwen2-$SHAPE" --tokenizer "$OUT/grpo_step/tokenizer" \
+          --prompts-file "$OUT/grpo_step/prompts.jsonl" --steps 4 --out "$OUT/verl" ;;
+  compare) step compare 120 python3 benchmarks/grpo_step_gpu.py --shape "$SHAPE" --skip-raw --skip-rlcore \
+             --out "$OUT/grpo_step" --verl "$OUT/verl" ;;
+  *) echo "unknown stage $stage"; exit 2 ;;
+esac; done

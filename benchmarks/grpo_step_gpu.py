@@ -1,0 +1,354 @@
+"""One GRPO step on one GPU the way ``rlcore train`` runs it, phase by phase, against its sum-of-parts bound.
+
+The workload (issue 16), the same for rlcore and verl (``benchmarks/verl_grpo_step.py``): a random
+Qwen2.5-0.5B- or 1.5B-shaped model (``vllm_gpu.SHAPES``, bf16 checkpoint, word-level tokenizer), prompts
+of 256 random tokens (one word per token, no chat template), ``rollout.n=8``, 64 prompts per step,
+responses of up to 512 tokens at temperature 1 (with random weights the end-of-sequence token is one of
+151936, so nearly every response runs to 512: the mean is reported), reference model on (a KL loss),
+one PPO epoch of one mini-batch. The trainer keeps fp32 weights with bf16 mixed precision and the
+rollout generates in bf16 (``rollout.dtype``), as verl's defaults do; colocated: the Ray workers of actor,
+reference and vLLM share the GPU, their memory released and resumed by tag around each phase.
+
+Reported, as the median over the steps after the first (which compiles and warms up):
+
+- ``timing/*`` phases of the controller: generate, old log-probs (skipped on-policy), reference
+  log-probs, advantages, update, weight sync (and inside them release/resume), and the controller's own
+  time (step minus the phases);
+- step seconds, tokens per second per GPU (prompt + response tokens of the step over its time), the
+  GPU's peak memory in use (``nvidia-smi``, every process on the card);
+- the sum-of-parts bound: raw ``vllm.LLM.generate`` of the same requests (own process, CUDA graphs,
+  ``ignore_eos``), plus the update and the reference forward at the FSDP engine's measured MFU
+  (``--mfu``, from its own benchmark rows) on the step's real tokens (FLOPs as in ``_workload.py``),
+  plus the weight copy floor.
+
+    python benchmarks/grpo_step_gpu.py --shape 0.5B --steps 4 --out /tmp/out/grpo_step [--verl DIR]
+
+``--verl DIR`` reads ``DIR/verl_metrics.json`` (``benchmarks/verl_grpo_step.py``) into the comparison.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import random
+import statistics
+import subprocess
+import sys
+import threading
+import time
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+PROMPT_LEN, RESPONSE_LEN, N, PROMPTS = 256, 512, 8, 64
+PEAK_FLOPS = 989e12  # H100 SXM dense bf16
+#: The FSDP engine's measured MFU on one H100 (docs/benchmarks.md: fsdp-tokens-per-s-0.5b-h100 28.8%,
+#: fsdp-mfu-1.5b-h100 46.9%), what the bound assumes training runs at.
+MFU = {"0.5B": 0.288, "1.5B": 0.469}
+PHASES = (
+    "generate",
+    "score",
+    "old_log_probs",
+    "ref_log_probs",
+    "advantages",
+    "update_actor",
+    "sync_weights",
+)
+
+REWARD = '''"""Cheap rule reward: the share of even token words in the response."""
+
+
+def compute_score(data_source, solution_str, ground_truth, extra_info=None, **kwargs) -> float:
+    words = solution_str.split()
+    return sum(w[1:].isdigit() and int(w[1:]) % 2 == 0 for w in words) / len(words) if words else 0.0
+'''
+
+
+def write_inputs(out: Path, shape: str, steps: int) -> dict:
+    """The model folder, the prompt file (verl's row schema; ``prompt`` as plain text) and the reward."""
+    import torch
+    from vllm_gpu import VOCAB, save_model, word_level_tokenizer
+
+    model = out / f"qwen2-{shape}"
+    model.mkdir(parents=True, exist_ok=True)
+    save_model(model, shape, torch.device("cuda"))
+    # The tokenizer again in a folder of its own: beside a Qwen2 config, transformers 5 loads any
+    # tokenizer as its Qwen2Tokenizer (byte-level BPE), which encodes the words "t17 t300" to nothing.
+    tokenizer = out / "tokenizer"
+    if not (tokenizer / "tokenizer.json").exists():
+        word_level_tokenizer().save_pretrained(str(tokenizer))
+    rng = random.Random(0)
+    rows = [
+        {
+            "data_source": "synthetic",
+            "prompt": " ".join(f"t{rng.randrange(VOCAB - 2)}" for _ in range(PROMPT_LEN)),
+            "reward_model": {"style": "rule", "ground_truth": ""},
+        }
+        for _ in range(PROMPTS * (steps + 1))
+    ]
+    data = out / "prompts.jsonl"
+    data.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    reward = out / "reward.py"
+    reward.write_text(REWARD)
+    return {"model": model, "tokenizer": tokenizer, "data": data, "reward": reward}
+
+
+def rlcore_command(inputs: dict, steps: int, out: Path, extra: list[str]) -> list[str]:
+    rlcore = Path(sys.executable).with_name("rlcore")
+    launcher = [str(rlcore)] if rlcore.exists() else [sys.executable, "-m", "rlcore.cli"]
+    return [
+        *launcher,
+        "train",
+        "--engine",
+        "fsdp",
+        "--rollout",
+        "vllm",
+        f"model.path={inputs['model']}",
+        f"model.tokenizer_path={inputs['tokenizer']}",
+        "model.dtype=float32",
+        "fsdp.mixed_precision=bfloat16",
+        "fsdp.use_remove_padding=true",
+        "fsdp.attn_implementation=varlen",
+        "rollout.dtype=bfloat16",
+        f"data.train_files=[{inputs['data']}]",
+        "data.val_files=[]",
+        "data.apply_chat_template=false",
+        f"data.max_prompt_length={PROMPT_LEN}",
+        f"data.train_batch_size={PROMPTS}",
+        f"rollout.n={N}",
+        f"rollout.max_response_length={RESPONSE_LEN}",
+        "rollout.temperature=1.0",
+        "rollout.gpu_memory_utilization=0.5",
+        "algorithm.name=grpo",
+        "algorithm.use_kl_loss=true",
+        "algorithm.kl_loss_coef=0.001",
+        "actor.ppo_epochs=1",
+        f"actor.ppo_mini_batch_size={PROMPTS}",
+        "actor.optim.lr=1e-6",
+        "trainer.placement=colocated",
+        f"trainer.total_steps={steps}",
+        "trainer.warmup_sft_steps=0",
+        "trainer.val_before_train=false",
+        "trainer.val_freq=0",
+        "trainer.loggers=[console,jsonl]",
+        f"trainer.output_dir={out / 'runs'}",
+        "trainer.experiment_name=grpo_step",
+        f"reward.custom_function_path={inputs['reward']}",
+        *extra,
+    ]
+
+
+class PeakMemory:
+    """The GPU's memory in use (every process), polled with ``nvidia-smi`` every ``interval`` s."""
+
+    def __init__(self, interval: float = 0.5):
+        self.peak_mib, self.interval = 0.0, interval
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._poll, daemon=True)
+
+    def _poll(self) -> None:
+        while not self._stop.wait(self.interval):
+            try:
+                used = subprocess.run(
+                    ["nvidia-smi", "--query-gpu=memory.used", "--format=csv,noheader,nounits"],
+                    capture_output=True,
+                    text=True,
+                    timeout=10,
+                ).stdout.split()
+                self.peak_mib = max(self.peak_mib, float(used[0]))
+            except (OSError, ValueError, IndexError, subprocess.TimeoutExpired):
+                pass
+
+    def __enter__(self) -> PeakMemory:
+        self._thread.start()
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self._stop.set()
+        self._thread.join()
+
+
+def run_rlcore(inputs: dict, steps: int, out: Path, timeout: float, extra: list[str]) -> dict:
+    command = rlcore_command(inputs, steps, out, extra)
+    log = out / "rlcore_train.log"
+    env = {**os.environ, "TOKENIZERS_PARALLELISM": "false"}
+    started = time.perf_counter()
+    with PeakMemory() as memory, log.open("w") as sink:
+        proc = subprocess.run(command, stdout=sink, stderr=subprocess.STDOUT, env=env, timeout=timeout)
+    wall = time.perf_counter() - started
+    if proc.returncode != 0:
+        tail = log.read_text().splitlines()[-40:]
+        raise SystemExit(f"rlcore train failed ({proc.returncode}):\n" + "\n".join(tail))
+    records = [json.loads(line) for line in (out / "runs" / "grpo_step" / "metrics.jsonl").open()]
+    steps_ = [r for r in records if "timing/step" in r]
+    return {
+        "command": " ".join(map(str, command)),
+        "wall_s": wall,
+        "peak_gpu_memory_gib": memory.peak_mib / 1024,
+        "steps": steps_,
+    }
+
+
+def summarize(steps: list[dict]) -> dict:
+    """Medians over the steps after the first."""
+    timed = steps[1:] or steps
+
+    def med(key: str) -> float | None:
+        values = [s[key] for s in timed if key in s]
+        return statistics.median(values) if values else None
+
+    phases = {p: med(f"timing/{p}") for p in PHASES}
+    step = med("timing/step")
+    out = {
+        "step_s": step,
+        "step_range_s": [min(s["timing/step"] for s in timed), max(s["timing/step"] for s in timed)],
+        "phases_s": {k: v for k, v in phases.items() if v is not None},
+        "release_resume_s": med("timing/release_resume"),
+        "controller_s": step - sum(v for v in phases.values() if v is not None),
+        "tokens_per_step": med("tokens/total"),
+        "response_length_mean": med("response_length/mean"),
+        "sync_s": med("sync/seconds"),
+        "reward_mean_by_step": [s.get("reward/mean") for s in steps],
+        "steps_timed": len(timed),
+    }
+    out["tokens_per_s_per_gpu"] = out["tokens_per_step"] / step
+    return out
+
+
+def raw_generate_child(model: str, repeats: int, result: Path) -> None:
+    """Raw vLLM on the same requests (``--raw-generate``, its own process)."""
+    import vllm
+
+    llm = vllm.LLM(
+        model=model,
+        dtype="bfloat16",
+        max_model_len=PROMPT_LEN + RESPONSE_LEN,
+        gpu_memory_utilization=0.5,
+        seed=0,
+    )
+    rng = random.Random(0)
+    prompts = [
+        {"prompt_token_ids": [rng.randrange(151934) for _ in range(PROMPT_LEN)]} for _ in range(PROMPTS)
+    ]
+    params = vllm.SamplingParams(
+        n=N, temperature=1.0, max_tokens=RESPONSE_LEN, ignore_eos=True, logprobs=0, seed=None
+    )
+    times = []
+    for _ in range(repeats + 1):
+        start = time.perf_counter()
+        outputs = llm.generate(prompts, params, use_tqdm=False)
+        times.append(time.perf_counter() - start)
+    tokens = sum(len(c.token_ids) for o in outputs for c in o.outputs)
+    result.write_text(
+        json.dumps({"seconds": statistics.median(times[1:]), "runs_s": times[1:], "tokens": tokens})
+    )
+
+
+def bound(shape: str, raw_generate_s: float, tokens_per_seq: list[int], mfu: float) -> dict:
+    """Raw generation + the update and the reference forward at ``mfu`` + the weight copy floor."""
+    from _workload import matmul_params, step_flops
+    from vllm_gpu import COPY_FLOOR_BYTES_PER_S, qwen2_config
+
+    config = qwen2_config(shape)
+    update_flops = step_flops(config, tokens_per_seq)  # forward + backward
+    ref_flops = update_flops / 3  # a forward
+    train_s = (update_flops + ref_flops) / (mfu * PEAK_FLOPS)
+    copy_s = 2 * sum_params(config) / COPY_FLOOR_BYTES_PER_S  # bf16 weights
+    return {
+        "generate_s": raw_generate_s,
+        "train_s": train_s,
+        "update_s": update_flops / (mfu * PEAK_FLOPS),
+        "ref_s": ref_flops / (mfu * PEAK_FLOPS),
+        "copy_floor_s": copy_s,
+        "total_s": raw_generate_s + train_s + copy_s,
+        "mfu": mfu,
+        "matmul_params": matmul_params(config),
+    }
+
+
+def sum_params(config) -> int:
+    """Every parameter of the model (the embedding once when tied)."""
+    import torch
+    from transformers import Qwen2ForCausalLM
+
+    with torch.device("meta"):
+        model = Qwen2ForCausalLM(config)
+    return sum(p.numel() for p in model.parameters())
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--shape", default="0.5B", choices=sorted(MFU))
+    parser.add_argument("--steps", type=int, default=4)
+    parser.add_argument("--out", type=Path, required=True)
+    parser.add_argument("--mfu", type=float, help="training MFU the bound assumes (default: measured rows)")
+    parser.add_argument("--raw-repeats", type=int, default=2)
+    parser.add_argument("--timeout", type=float, default=540)
+    parser.add_argument("--verl", type=Path, help="folder of benchmarks/verl_grpo_step.py's results")
+    parser.add_argument("--skip-rlcore", action="store_true")
+    parser.add_argument("--skip-raw", action="store_true")
+    parser.add_argument("--raw-generate", nargs=2, metavar=("MODEL", "RESULT"), help=argparse.SUPPRESS)
+    parser.add_argument("overrides", nargs="*", help="more rlcore key=value overrides")
+    args = parser.parse_args()
+    if args.raw_generate:
+        raw_generate_child(args.raw_generate[0], args.raw_repeats, Path(args.raw_generate[1]))
+        return
+    args.out.mkdir(parents=True, exist_ok=True)
+    inputs = write_inputs(args.out, args.shape, args.steps)
+    result_path = args.out / f"grpo_step_{args.shape}.json"
+    result: dict = json.loads(result_path.read_text()) if result_path.exists() else {}
+    result.update(
+        shape=args.shape, workload=dict(prompt=PROMPT_LEN, response=RESPONSE_LEN, n=N, prompts=PROMPTS)
+    )
+
+    def save() -> None:
+        result_path.write_text(json.dumps(result, indent=2))
+
+    if not args.skip_raw:
+        raw = args.out / "raw_generate.json"
+        subprocess.run(
+            [
+                sys.executable,
+                __file__,
+                "--raw-generate",
+                str(inputs["model"]),
+                str(raw),
+                "--raw-repeats",
+                str(args.raw_repeats),
+                "--out",
+                str(args.out),
+            ],
+            check=True,
+            timeout=args.timeout,
+        )
+        result["raw_generate"] = json.loads(raw.read_text())
+        save()
+    if not args.skip_rlcore:
+        run = run_rlcore(inputs, args.steps, args.out, args.timeout, args.overrides)
+        result["rlcore"] = {**{k: v for k, v in run.items() if k != "steps"}, **summarize(run["steps"])}
+        result["rlcore_steps"] = run["steps"]
+        save()
+    if "raw_generate" in result and "rlcore" in result:
+        per_seq = PROMPT_LEN + result["rlcore"]["response_length_mean"]
+        lengths = [round(per_seq)] * (PROMPTS * N)
+        result["bound"] = bound(
+            args.shape, result["raw_generate"]["seconds"], lengths, args.mfu or MFU[args.shape]
+        )
+        result["rlcore_over_bound"] = result["rlcore"]["step_s"] / result["bound"]["total_s"]
+    if args.verl is not None and (args.verl / "verl_metrics.json").exists():
+        verl = json.loads((args.verl / "verl_metrics.json").read_text())
+        result["verl"] = verl
+        steps = verl.get("steps", verl) if isinstance(verl, dict) else verl
+        timed = steps[1:] or steps
+        if timed and "timing_s/step" in timed[0]:
+            verl_step = statistics.median(s["timing_s/step"] for s in timed)
+            result["verl_step_s"] = verl_step
+            if "rlcore" in result:
+                result["rlcore_over_verl"] = result["rlcore"]["step_s"] / verl_step
+    save()
+    print(json.dumps({k: v for k, v in result.items() if k not in ("rlcore_steps", "verl")}, indent=2))
+
+
+if __name__ == "__main__":
+    main()
