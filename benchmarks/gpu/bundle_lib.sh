@@ -4,6 +4,7 @@
 #
 #   bundle_start DIR     # DIR (".gpu", ".gpu-vllm") under the checkout: emptied, git-ignored; the base
 #                        # packages (Ray, omegaconf, cattrs, megatron-core) downloaded
+#   bundle_start_bare DIR  # the same without the base packages (an extra bundle unpacked beside another)
 #   dl PKG ...           # more wheels (no dependencies: list them)
 #   bundle_unpack        # every downloaded wheel into $work/site
 #   bundle_finish NAME   # $work/site -> DIR/c1 .. cN (<= 48 MiB each) and DIR/tools
@@ -17,6 +18,13 @@ bundle_start() {
   rm -rf "$out"; mkdir -p "$out/tools" "$work/dl" "$work/site"
   # base: what the GPU image lacks for an rlcore run (it has torch, transformers, pluggy, attrs, pyarrow, pyyaml, numpy)
   dl ray==2.60.0 omegaconf==2.4.0 cattrs jsonschema jsonschema-specifications referencing rpds-py megatron-core==0.19.2
+}
+
+bundle_start_bare() {
+  out="$root/$1"
+  work=$(mktemp -d)
+  grep -qx "/$1/" "$root/.git/info/exclude" 2>/dev/null || { mkdir -p "$root/.git/info"; echo "/$1/" >> "$root/.git/info/exclude"; }
+  rm -rf "$out"; mkdir -p "$out/tools" "$work/dl" "$work/site"
 }
 
 dl() { python3 -m pip download -q --no-deps --only-binary=:all: --python-version 3.12 --implementation cp \
