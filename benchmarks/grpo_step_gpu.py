@@ -342,8 +342,20 @@ def main() -> None:
         steps = verl.get("steps", verl) if isinstance(verl, dict) else verl
         timed = steps[1:] or steps
         if timed and "timing_s/step" in timed[0]:
+            keys = sorted({k for s in timed for k in s if k.startswith(("timing_s/", "perf/"))})
+            result["verl_summary"] = {
+                k: statistics.median(s[k] for s in timed if isinstance(s.get(k), (int, float))) for k in keys
+            }
+            memory = args.verl / "gpu_memory.csv"  # nvidia-smi -lms 500 during the run (step_h100.sh)
+            if memory.exists():
+                used = [float(x) for x in memory.read_text().split() if x.replace(".", "").isdigit()]
+                result["verl_summary"]["peak_gpu_memory_gib"] = max(used) / 1024 if used else None
             verl_step = statistics.median(s["timing_s/step"] for s in timed)
             result["verl_step_s"] = verl_step
+            result["verl_step_range_s"] = [
+                min(s["timing_s/step"] for s in timed),
+                max(s["timing_s/step"] for s in timed),
+            ]
             if "rlcore" in result:
                 result["rlcore_over_verl"] = result["rlcore"]["step_s"] / verl_step
     save()

@@ -106,6 +106,11 @@ def parse_args(argv=None):
     p.add_argument("--out", required=True, help="output dir (log, metrics, command, config)")
     p.add_argument("--work", help="dir for the data, tokenizer copy, reward file, caches (default OUT/work)")
     p.add_argument("--prompts", type=int, default=64, help="prompts per step (= PPO mini-batch)")
+    p.add_argument(
+        "--prompts-file",
+        help="jsonl of rows with a plain-text 'prompt' (grpo_step_gpu.py's prompts.jsonl): train on exactly "
+        "rlcore's prompts, in order, instead of fresh random ones",
+    )
     p.add_argument("--prompt-len", type=int, default=256)
     p.add_argument("--response-len", type=int, default=512)
     p.add_argument("--n", type=int, default=8, help="responses per prompt (GRPO group)")
@@ -173,22 +178,26 @@ def word_vocab(model: Path) -> int:
     return int(json.loads((model / "config.json").read_text())["vocab_size"]) - 2
 
 
-def write_data(work: Path, rows: int, prompt_len: int, words: int, seed: int, split: str) -> Path:
+def write_data(
+    work: Path, rows: int, prompt_len: int, words: int, seed: int, split: str, texts: list[str] | None = None
+) -> Path:
     import numpy as np
     import pyarrow as pa
     import pyarrow.parquet as pq
 
-    rng = np.random.default_rng(seed)
-    ids = rng.integers(0, words, size=(rows, prompt_len))
+    if texts is None:
+        rng = np.random.default_rng(seed)
+        ids = rng.integers(0, words, size=(rows, prompt_len))
+        texts = [" ".join(f"t{i}" for i in row) for row in ids.tolist()]
     records = [
         {
             "data_source": DATA_SOURCE,
-            "prompt": [{"role": "user", "content": " ".join(f"t{i}" for i in row)}],
+            "prompt": [{"role": "user", "content": text}],
             "ability": "bench",
             "reward_model": {"style": "rule", "ground_truth": ""},
             "extra_info": {"split": split, "index": k},
         }
-        for k, row in enumerate(ids.tolist())
+        for k, text in enumerate(texts[:rows])
     ]
     path = work / "data" / f"{split}.parquet"
     path.parent.mkdir(parents=True, exist_ok=True)
@@ -399,7 +408,12 @@ def main(argv=None) -> int:
     model = ensure_model(args)
     tokenizer = tokenizer_dir(model, work)
     words = word_vocab(model)
-    train = write_data(work, args.prompts * args.steps, args.prompt_len, words, args.seed, "train")
+    texts = None
+    if args.prompts_file:
+        texts = [
+            json.loads(line)["prompt"] for line in Path(args.prompts_file).read_text().splitlines() if line
+        ]
+    train = write_data(work, args.prompts * args.steps, args.prompt_len, words, args.seed, "train", texts)
     val = write_data(work, args.prompts, args.prompt_len, words, args.seed + 1, "test")
     ext = work / "verl_ext"
     ext.mkdir(exist_ok=True)

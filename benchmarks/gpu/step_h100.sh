@@ -2,7 +2,7 @@
 # The whole GRPO step on one lent GPU (issue 16): colocated weight sync against the copy floor, the vLLM
 # plugin against raw vLLM, rlcore's step phase by phase against its bound, and verl's step on the same
 # workload. Ship the vLLM bundle first (README.md beside this script: .gpu-vllm/c1..c5 -> /tmp/vstage),
-# and for verl its bundle (.gpu-verl/c* -> /tmp/verlstage).
+# and carry verl's one-chunk bundle (.gpu-verl/c1, benchmarks/gpu/verl_bundle.sh) with the call that unpacks.
 #   bash benchmarks/gpu/step_h100.sh [stage ...]      (results and logs under $OUT, default /tmp/out)
 # Stages: unpack (vLLM bundle -> /tmp/vsite, pytest and verl's bundle when shipped), setup (the project
 # into /tmp/proj), tests (the GPU tests of the ipc transport), sync (vllm_gpu.py sync rows, one process
@@ -25,8 +25,8 @@ for stage in "$@"; do case $stage in
             mkdir -p /tmp/vsite && cat /tmp/vstage/part.* | LD_LIBRARY_PATH=.gpu-vllm/tools .gpu-vllm/tools/zstd -d -q | tar -C /tmp/vsite -xf -
           fi
           python3 -c "import pytest" 2>/dev/null || { [ -d .gpu/extra ] && python3 -m pip install -q --no-deps --no-index --target /tmp/vsite .gpu/extra/*.whl; }
-          if [ -d /tmp/verlstage ] && [ ! -d /tmp/verl/verl ]; then
-            mkdir -p /tmp/verl && cat /tmp/verlstage/part.* | LD_LIBRARY_PATH=.gpu-vllm/tools .gpu-vllm/tools/zstd -d -q | tar -C /tmp/verl -xf -
+          if [ -d .gpu-verl/c1 ] && [ ! -d /tmp/verl/verl ]; then  # verl's bundle: one chunk, carried with this call
+            mkdir -p /tmp/verl && cat .gpu-verl/c*/part.* | LD_LIBRARY_PATH=.gpu-vllm/tools .gpu-vllm/tools/zstd -d -q | tar -C /tmp/verl -xf -
           fi
           ls /tmp/vsite | wc -l; ls /tmp/verl 2>/dev/null | wc -l ;;
   setup) python3 -m pip install -q --no-deps --no-index --no-build-isolation --target /tmp/proj ./core ./plugins/vllm \
@@ -45,10 +45,13 @@ for stage in "$@"; do case $stage in
   step) free_gpu
         step "grpo-step-$SHAPE" 560 python3 benchmarks/grpo_step_gpu.py --shape "$SHAPE" --steps 4 --timeout 520 \
           --out "$OUT/grpo_step" ;;
-  verl) free_gpu
+  verl) free_gpu; mkdir -p "$OUT/verl"
+        nvidia-smi --query-gpu=memory.used --format=csv,noheader,nounits -lms 500 > "$OUT/verl/gpu_memory.csv" &
+        smi=$!
         PYTHONPATH=/tmp/proj:/tmp/verl:/tmp/vsite step "verl-$SHAPE" 560 python3 benchmarks/verl_grpo_step.py \
-          --model "$OUT/grpo_step/qwen2-$SHAPE" --tokenizer "$OUT/grpo_step/tokenizer" \
-          --prompts-file "$OUT/grpo_step/prompts.jsonl" --steps 4 --out "$OUT/verl" ;;
+          --model "$OUT/grpo_step/qwen2-$SHAPE" --shape "$SHAPE" --prompts-file "$OUT/grpo_step/prompts.jsonl" \
+          --work /tmp/verl_work --steps 4 --timeout 520 --out "$OUT/verl"
+        kill $smi ;;
   compare) step compare 120 python3 benchmarks/grpo_step_gpu.py --shape "$SHAPE" --skip-raw --skip-rlcore \
              --out "$OUT/grpo_step" --verl "$OUT/verl" ;;
   *) echo "unknown stage $stage"; exit 2 ;;
