@@ -94,7 +94,9 @@ def write_inputs(out: Path, shape: str, steps: int) -> dict:
     return {"model": model, "tokenizer": tokenizer, "data": data, "reward": reward}
 
 
-def rlcore_command(inputs: dict, steps: int, out: Path, extra: list[str]) -> list[str]:
+def rlcore_command(
+    inputs: dict, steps: int, out: Path, extra: list[str], name: str = "grpo_step"
+) -> list[str]:
     rlcore = Path(sys.executable).with_name("rlcore")
     launcher = [str(rlcore)] if rlcore.exists() else [sys.executable, "-m", "rlcore.cli"]
     return [
@@ -133,7 +135,8 @@ def rlcore_command(inputs: dict, steps: int, out: Path, extra: list[str]) -> lis
         "trainer.val_freq=0",
         "trainer.loggers=[console,jsonl]",
         f"trainer.output_dir={out / 'runs'}",
-        "trainer.experiment_name=grpo_step",
+        f"trainer.experiment_name={name}",
+        "trainer.resume=disable",  # a second run of the same name starts afresh, not from the first's end
         f"reward.custom_function_path={inputs['reward']}",
         *extra,
     ]
@@ -169,9 +172,9 @@ class PeakMemory:
         self._thread.join()
 
 
-def run_rlcore(inputs: dict, steps: int, out: Path, timeout: float, extra: list[str]) -> dict:
-    command = rlcore_command(inputs, steps, out, extra)
-    log = out / "rlcore_train.log"
+def run_rlcore(inputs: dict, steps: int, out: Path, timeout: float, extra: list[str], name: str) -> dict:
+    command = rlcore_command(inputs, steps, out, extra, name)
+    log = out / f"{name}_train.log"
     env = {**os.environ, "TOKENIZERS_PARALLELISM": "false"}
     started = time.perf_counter()
     with PeakMemory() as memory, log.open("w") as sink:
@@ -180,7 +183,7 @@ def run_rlcore(inputs: dict, steps: int, out: Path, timeout: float, extra: list[
     if proc.returncode != 0:
         tail = log.read_text().splitlines()[-40:]
         raise SystemExit(f"rlcore train failed ({proc.returncode}):\n" + "\n".join(tail))
-    records = [json.loads(line) for line in (out / "runs" / "grpo_step" / "metrics.jsonl").open()]
+    records = [json.loads(line) for line in (out / "runs" / name / "metrics.jsonl").open()]
     steps_ = [r for r in records if "timing/step" in r]
     return {
         "command": " ".join(map(str, command)),
@@ -287,6 +290,11 @@ def main() -> None:
     parser.add_argument("--timeout", type=float, default=540)
     parser.add_argument("--verl", type=Path, help="folder of benchmarks/verl_grpo_step.py's results")
     parser.add_argument("--skip-rlcore", action="store_true")
+    parser.add_argument(
+        "--name",
+        default="grpo_step",
+        help="run name: results in NAME_SHAPE.json (a variant beside the default)",
+    )
     parser.add_argument("--skip-raw", action="store_true")
     parser.add_argument("--raw-generate", nargs=2, metavar=("MODEL", "RESULT"), help=argparse.SUPPRESS)
     parser.add_argument("overrides", nargs="*", help="more rlcore key=value overrides")
@@ -296,7 +304,7 @@ def main() -> None:
         return
     args.out.mkdir(parents=True, exist_ok=True)
     inputs = write_inputs(args.out, args.shape, args.steps)
-    result_path = args.out / f"grpo_step_{args.shape}.json"
+    result_path = args.out / f"{args.name}_{args.shape}.json"
     result: dict = json.loads(result_path.read_text()) if result_path.exists() else {}
     result.update(
         shape=args.shape, workload=dict(prompt=PROMPT_LEN, response=RESPONSE_LEN, n=N, prompts=PROMPTS)
@@ -325,7 +333,7 @@ def main() -> None:
         result["raw_generate"] = json.loads(raw.read_text())
         save()
     if not args.skip_rlcore:
-        run = run_rlcore(inputs, args.steps, args.out, args.timeout, args.overrides)
+        run = run_rlcore(inputs, args.steps, args.out, args.timeout, args.overrides, args.name)
         result["rlcore"] = {**{k: v for k, v in run.items() if k != "steps"}, **summarize(run["steps"])}
         result["rlcore_steps"] = run["steps"]
         save()

@@ -42,9 +42,15 @@ for stage in "$@"; do case $stage in
   throughput) free_gpu
           step throughput 330 python3 benchmarks/vllm_gpu.py --batch 64 256 --new-tokens 256 --shape 0.5B --sync-shapes \
             --repeats 5 --unseeded --out "$OUT/vllm_throughput.json" ;;
-  step) free_gpu
+  step) free_gpu  # STEP_OVERRIDES: more rlcore key=value (a fallback, e.g. transport.name=ray)
         step "grpo-step-$SHAPE" 560 python3 benchmarks/grpo_step_gpu.py --shape "$SHAPE" --steps 4 --timeout 520 \
-          --out "$OUT/grpo_step" ;;
+          --out "$OUT/grpo_step" ${STEP_OVERRIDES:-} ;;
+  step-again) free_gpu  # the same run again (its reproduction), and VARIANT="name key=value ..." beside it
+        step "grpo-step-again-$SHAPE" 300 python3 benchmarks/grpo_step_gpu.py --shape "$SHAPE" --steps 4 --timeout 280 \
+          --skip-raw --name again --out "$OUT/grpo_step" ${STEP_OVERRIDES:-}
+        if [ -n "${VARIANT:-}" ]; then set -- $VARIANT; name=$1; shift; free_gpu
+          step "grpo-step-$name-$SHAPE" 280 python3 benchmarks/grpo_step_gpu.py --shape "$SHAPE" --steps 4 \
+            --timeout 260 --skip-raw --name "$name" --out "$OUT/grpo_step" "$@"; fi ;;
   verl) free_gpu; mkdir -p "$OUT/verl"
         nvidia-smi --query-gpu=memory.used --format=csv,noheader,nounits -lms 500 > "$OUT/verl/gpu_memory.csv" &
         smi=$!
