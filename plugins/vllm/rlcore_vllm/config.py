@@ -11,6 +11,9 @@ from typing import Any
 
 import attrs
 
+#: ``max_num_seqs`` on CPUs when the config leaves it null.
+CPU_MAX_NUM_SEQS = 256
+
 #: What ``Completion.log_probs`` holds, in vLLM's words (``ModelConfig.logprobs_mode``).
 LOGPROBS_MODES = ("processed_logprobs", "raw_logprobs")
 
@@ -99,8 +102,10 @@ class VLLMConfig:
     #: 1 moves weights to host memory and drops the KV cache; 2 drops both (cheaper when a weight load
     #: follows every resume, as in colocated RL).
     sleep_level: int = attrs.field(default=1, validator=_sleep_level)
-    #: Most sequences decoded in one engine step.
-    max_num_seqs: int = attrs.field(default=256, validator=_positive)
+    #: Most sequences decoded in one engine step. Null: vLLM's own default on accelerators (1024 on an
+    #: H100 for offline use: a GRPO batch of 512 samples decodes in one wave, where 256 took two), and
+    #: ``CPU_MAX_NUM_SEQS`` on CPUs, where it also sizes the KV cache.
+    max_num_seqs: int | None = attrs.field(default=None, validator=attrs.validators.optional(_positive))
     #: ``processed_logprobs``: log-probs of the sampled token under ``logits / temperature`` (after top-k /
     #: top-p, which renormalise over the kept tokens), what a trainer computes at the same temperature
     #: when neither filter is on. ``raw_logprobs`` (vLLM's default): ``log_softmax(logits)``, ignoring the

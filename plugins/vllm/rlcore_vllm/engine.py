@@ -43,7 +43,7 @@ from rlcore.api import (
 )
 
 from rlcore_vllm import memory
-from rlcore_vllm.config import VLLMConfig
+from rlcore_vllm.config import CPU_MAX_NUM_SEQS, VLLMConfig
 from rlcore_vllm.engine_loop import EngineLoop
 from rlcore_vllm.sampling import to_completion, to_vllm
 from rlcore_vllm.weight_stream import ModelWeights, StreamFilter
@@ -315,17 +315,29 @@ def _build_llm(spec: RolloutSpec, config: VLLMConfig, sleep_mode: bool):
         enforce_eager=config.enforce_eager,
         enable_prefix_caching=config.enable_prefix_caching,
         enable_sleep_mode=sleep_mode,
-        max_num_seqs=config.max_num_seqs,
         logprobs_mode=config.logprobs_mode,
         worker_extension_cls=EXTENSION,
         **config.engine_kwargs,
     )
+    num_seqs = max_num_seqs(config)
+    if num_seqs is not None:
+        kwargs["max_num_seqs"] = num_seqs
     kv_bytes = kv_cache_bytes(spec, config)
     if kv_bytes is not None:
         kwargs["kv_cache_memory_bytes"] = kv_bytes
     kwargs.update(whole_prefill_on_cpu(spec, config))
     with _engine_core_env(in_process=config.in_process):
         return vllm.LLM(**kwargs)
+
+
+def max_num_seqs(config: VLLMConfig) -> int | None:
+    """``vllm.max_num_seqs``, else ``CPU_MAX_NUM_SEQS`` on CPUs (it sizes the KV cache there) and None
+    (vLLM's default) elsewhere."""
+    from vllm.platforms import current_platform
+
+    if config.max_num_seqs is not None:
+        return config.max_num_seqs
+    return CPU_MAX_NUM_SEQS if current_platform.is_cpu() else None
 
 
 def kv_cache_bytes(spec: RolloutSpec, config: VLLMConfig) -> int | None:
@@ -341,7 +353,7 @@ def kv_cache_bytes(spec: RolloutSpec, config: VLLMConfig) -> int | None:
     size = memory.choose_cpu_kv_cache_bytes(
         bytes_per_token=memory.kv_bytes_per_token(spec.model_path, spec.dtype),
         model_bytes=memory.checkpoint_bytes(spec.model_path),
-        max_num_seqs=config.max_num_seqs,
+        max_num_seqs=max_num_seqs(config),
         max_model_len=spec.max_model_len,
         reading=memory.read_cpu_memory(),
     )
@@ -367,7 +379,7 @@ def whole_prefill_on_cpu(spec: RolloutSpec, config: VLLMConfig) -> dict[str, Any
         return {}
     budget = config.engine_kwargs.get("max_num_batched_tokens")
     if budget is None:
-        budget = max(SchedulerConfig.DEFAULT_MAX_NUM_BATCHED_TOKENS, spec.max_model_len, config.max_num_seqs)
+        budget = max(SchedulerConfig.DEFAULT_MAX_NUM_BATCHED_TOKENS, spec.max_model_len, max_num_seqs(config))
     return {"enable_chunked_prefill": False, "max_num_batched_tokens": budget}
 
 
