@@ -110,7 +110,7 @@ class VLLMRollout(RolloutEngine):
         self.sleep_mode = sleep_mode_supported(self.platform)
         _THREADS.enter()
         try:
-            self._loop = EngineLoop(lambda: _build_llm(spec, config, self.sleep_mode))
+            self._loop = EngineLoop(lambda: _build_llm(spec, config, self.sleep_mode), reseed=_reseed)
         except BaseException:
             _THREADS.exit()
             raise
@@ -158,9 +158,19 @@ class VLLMRollout(RolloutEngine):
     # -- generation ------------------------------------------------------------------------------
     def generate(self, prompts: Sequence[Sequence[int]], params: SamplingParams) -> list[list[Completion]]:
         rows = self._check_request(prompts, params)
-        futures = self._loop.submit_many(
-            [(row, to_vllm(params, seed)) for i, row in enumerate(rows) for seed in request_seeds(params, i)]
-        )
+        if params.seed is not None and self.config.seeding == "batch":
+            unseeded = to_vllm(params, None)
+            futures = self._loop.submit_many(
+                [(row, unseeded) for row in rows for _ in range(params.n)], params.seed
+            )
+        else:
+            futures = self._loop.submit_many(
+                [
+                    (row, to_vllm(params, seed))
+                    for i, row in enumerate(rows)
+                    for seed in request_seeds(params, i)
+                ]
+            )
         try:
             outputs = [f.result() for f in futures]
         except BaseException:
@@ -400,6 +410,10 @@ def _engine_core_env(in_process: bool) -> Iterator[None]:
             os.environ.pop(key, None)
         else:
             os.environ[key] = previous
+
+
+def _reseed(llm: Any, seed: int) -> None:
+    llm.collective_rpc("rlcore_reseed", args=(seed,))
 
 
 def _serialize(named: Iterable[tuple[str, torch.Tensor]]) -> bytes:

@@ -43,6 +43,14 @@ class _Submit:
 
 
 @attrs.define
+class _Seeded:
+    """Requests added together once the engine is idle, right after ``reseed(llm, seed)``."""
+
+    seed: int
+    submits: list[_Submit]
+
+
+@attrs.define
 class _Abort:
     request_id: str
 
@@ -61,7 +69,13 @@ class EngineLoop:
     """Runs ``build()`` (returning a ``vllm.LLM``) on a new thread, then steps that engine whenever it has
     requests. ``llm`` is the engine; touch it only inside :meth:`exclusive`."""
 
-    def __init__(self, build: Callable[[], Any], name: str = "rlcore-vllm-engine"):
+    def __init__(
+        self,
+        build: Callable[[], Any],
+        name: str = "rlcore-vllm-engine",
+        reseed: Callable[[Any, int], None] | None = None,
+    ):
+        self._reseed = reseed
         self._inbox: queue.SimpleQueue = queue.SimpleQueue()
         self._futures: dict[str, Future] = {}
         self._failure: BaseException | None = None
@@ -78,10 +92,14 @@ class EngineLoop:
         Cancelling the future aborts the request in the engine."""
         return self.submit_many([(prompt, params)])[0]
 
-    def submit_many(self, requests: Sequence[tuple[list[int], Any]]) -> list[Future]:
+    def submit_many(self, requests: Sequence[tuple[list[int], Any]], seed: int | None = None) -> list[Future]:
         """Queue ``(prompt, params)`` requests as one command: the engine thread adds them all before its
         next step. Queued one by one, the thread could start stepping after the first few and schedule
-        the rest's prefills step by step behind them (the batch-256 gap to raw ``LLM.generate``)."""
+        the rest's prefills step by step behind them (the batch-256 gap to raw ``LLM.generate``).
+
+        With ``seed``, the thread waits until nothing else is in flight, reseeds the engine's sampling
+        generator (``reseed``) and then adds the batch: the same batch and seed sample the same tokens,
+        without a generator per request (vLLM samples requests with their own generator one by one)."""
         self._check_alive()
         commands, futures = [], []
         for prompt, params in requests:
@@ -90,7 +108,12 @@ class EngineLoop:
             future.add_done_callback(functools.partial(self._abort_if_cancelled, request_id))
             commands.append(_Submit(request_id, prompt, params, future))
             futures.append(future)
-        self._inbox.put(commands)
+        if seed is None:
+            self._inbox.put(commands)
+        else:
+            if self._reseed is None:
+                raise ValueError("this engine loop was built without a reseed function")
+            self._inbox.put(_Seeded(seed, commands))
         return futures
 
     def _abort_if_cancelled(self, request_id: str, future: Future) -> None:
@@ -159,11 +182,20 @@ class EngineLoop:
         are in flight. Returns False on stop."""
         while backlog:
             command = backlog[0]
-            if isinstance(command, _Park) and engine.has_unfinished_requests():
+            if isinstance(command, (_Park, _Seeded)) and engine.has_unfinished_requests():
                 return True
             backlog.popleft()
             if isinstance(command, list):  # submit_many: add every request before the next step
                 for submit in command:
+                    self._add(engine, submit)
+            elif isinstance(command, _Seeded):
+                try:
+                    self._reseed(self.llm, command.seed)
+                except Exception as exc:
+                    for submit in command.submits:
+                        _resolve(submit.future, exc)
+                    continue
+                for submit in command.submits:
                     self._add(engine, submit)
             elif isinstance(command, _Abort):
                 if self._futures.pop(command.request_id, None) is not None:
@@ -198,7 +230,8 @@ class EngineLoop:
             except queue.Empty:
                 break
         for command in self._backlog:
-            for submit in command if isinstance(command, list) else [command]:
+            submits = command.submits if isinstance(command, _Seeded) else command
+            for submit in submits if isinstance(submits, list) else [submits]:
                 if isinstance(submit, _Submit):
                     _resolve(submit.future, exc)
         self._backlog.clear()

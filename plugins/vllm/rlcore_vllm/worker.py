@@ -21,6 +21,11 @@ class WeightSyncExtension:
         model = self.model_runner.get_model()
         return {name: list(parts) for name, parts in getattr(model, "packed_modules_mapping", {}).items()}
 
+    def rlcore_reseed(self, seed: int) -> None:
+        """Seed the generators vLLM samples requests without a seed of their own from (the host's and
+        every device's default generator)."""
+        torch.manual_seed(seed)
+
     def rlcore_plan_direct_write(self, shapes: dict[str, list[int]], ties: list[list[str]]) -> str | None:
         """Prepare direct writes (:mod:`rlcore_vllm.direct_write`) of the Hugging Face weights ``shapes``
         (with ``ties``); returns why they are impossible here, or None when planned."""

