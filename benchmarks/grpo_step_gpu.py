@@ -97,8 +97,8 @@ def write_inputs(out: Path, shape: str, steps: int) -> dict:
 def rlcore_command(
     inputs: dict, steps: int, out: Path, extra: list[str], name: str = "grpo_step"
 ) -> list[str]:
-    rlcore = Path(sys.executable).with_name("rlcore")
-    launcher = [str(rlcore)] if rlcore.exists() else [sys.executable, "-m", "rlcore.cli"]
+    # The console script's own code: the GPU machine installs with --target, which leaves no script on PATH.
+    launcher = [sys.executable, "-c", "import sys; from rlcore.cli.main import main; sys.exit(main())"]
     return [
         *launcher,
         "train",

@@ -4,11 +4,11 @@ Models are random (no downloads), built from a ``Qwen2Config`` in the shapes of 
 tied embeddings, vocab 151936) and 7B (untied) with a word-level tokenizer of the same vocabulary.
 
 1. Throughput (0.5B): ``--batch`` prompts of 128 random tokens, 256 new tokens each, temperature 1 with
-   log-probs. The plugin's ``generate`` and a raw ``vllm.LLM.generate`` on the same engine with the same
-   vLLM sampling parameters (as the plugin builds them, per-request seeds included) run interleaved, the
-   order rotating every repeat; tokens per second as median (range) of ``--repeats``, and the ratio
-   plugin / raw per repeat, as median (range). ``--unseeded`` adds raw vLLM without per-request seeds
-   (what those seeds cost: vLLM samples seeded requests one by one).
+   log-probs. The plugin's seeded ``generate`` (``vllm.seeding: batch``: one reseed, no seed per request)
+   and a raw ``vllm.LLM.generate`` on the same engine with the same vLLM sampling parameters run
+   interleaved, the order rotating every repeat; tokens per second as median (range) of ``--repeats``,
+   and the ratio plugin / raw per repeat, as median (range). ``--request-seeds`` adds raw vLLM with a seed per
+   request (what ``vllm.seeding: request`` costs: vLLM samples such requests one by one).
 2. Colocated weight sync (``--sync-shapes``): a "trainer" HF model on the same GPU, its parameters as a
    bucketed bf16 stream (``rlcore.weights.bucketize``), loaded three ways: ``direct`` (copied into
    vLLM's parameters, ``vllm.weight_write: direct``), ``reload`` (vLLM's module-by-module reload) and
@@ -133,9 +133,9 @@ def run_plugin(engine, prompts, params) -> float:
     return sum(len(c.token_ids) for per in out for c in per) / (time.perf_counter() - start)
 
 
-def run_raw(engine, prompts, params, seeded: bool = True) -> float:
-    """``LLM.generate`` on the plugin's engine with the plugin's vLLM sampling parameters (per-request
-    seeds included unless ``seeded`` is False)."""
+def run_raw(engine, prompts, params, seeded: bool = False) -> float:
+    """``LLM.generate`` on the plugin's engine with the plugin's vLLM sampling parameters: no seed per
+    request, as the plugin's ``vllm.seeding: batch`` sends them (``seeded``: a seed per request)."""
     from rlcore.api.requests import request_seeds
     from rlcore_vllm.sampling import to_vllm
 
@@ -149,20 +149,20 @@ def run_raw(engine, prompts, params, seeded: bool = True) -> float:
     return sum(len(o.outputs[0].token_ids) for o in out) / seconds
 
 
-RAW, PLUGIN, UNSEEDED = "raw vllm LLM.generate", "rlcore vllm plugin", "raw vllm, no per-request seeds"
+RAW, PLUGIN, SEEDED = "raw vllm LLM.generate", "rlcore vllm plugin", "raw vllm, a seed per request"
 
 
 def spread(values: list[float]) -> dict:
     return {"median": statistics.median(values), "min": min(values), "max": max(values), "n": len(values)}
 
 
-def throughput(engine, batches: list[int], repeats: int, new_tokens: int, unseeded: bool) -> list[dict]:
+def throughput(engine, batches: list[int], repeats: int, new_tokens: int, request_seeds: bool) -> list[dict]:
     """Per batch size: the systems run interleaved, in an order that rotates every repeat (A B, B A ...),
     each repeat on fresh prompts; the ratio is taken per repeat (plugin / raw of the same repeat) and
     reported as median and range, next to each system's median and range."""
     funcs = {RAW: run_raw, PLUGIN: run_plugin}
-    if unseeded:
-        funcs[UNSEEDED] = lambda e, p, sp: run_raw(e, p, sp, seeded=False)
+    if request_seeds:
+        funcs[SEEDED] = lambda e, p, sp: run_raw(e, p, sp, seeded=True)
     records = []
     for batch in batches:
         runs: dict[str, list[float]] = {name: [] for name in funcs}
@@ -184,8 +184,8 @@ def throughput(engine, batches: list[int], repeats: int, new_tokens: int, unseed
             "ratio_runs": ratios,
             "ratio_spread": spread(ratios),
         }
-        if unseeded:
-            record["seeds_cost"] = 1 - statistics.median(runs[RAW]) / statistics.median(runs[UNSEEDED])
+        if request_seeds:
+            record["seeds_cost"] = 1 - statistics.median(runs[SEEDED]) / statistics.median(runs[RAW])
         records.append(record)
     return records
 
@@ -348,7 +348,7 @@ def main() -> None:
     parser.add_argument("--shape", default="0.5B", choices=list(SHAPES), help="model of the throughput runs")
     parser.add_argument("--sync-shapes", nargs="*", default=["0.5B", "1.5B"], choices=list(SHAPES))
     parser.add_argument(
-        "--unseeded", action="store_true", help="also time raw vLLM without per-request seeds (their cost)"
+        "--request-seeds", action="store_true", help="also time raw vLLM with a seed per request (their cost)"
     )
     parser.add_argument("--no-ipc", action="store_true", help="skip the cross-process (ipc transport) sync")
     parser.add_argument(
@@ -371,7 +371,7 @@ def main() -> None:
     command = (
         f"python benchmarks/vllm_gpu.py --batch {' '.join(map(str, args.batch))} --new-tokens {args.new_tokens} "
         f"--shape {args.shape} --sync-shapes {' '.join(args.sync_shapes)} --bucket-mib {args.bucket_mib} "
-        f"--repeats {args.repeats}" + (" --unseeded" if args.unseeded else "")
+        f"--repeats {args.repeats}" + (" --request-seeds" if args.request_seeds else "")
     )
     result: dict = {"hardware": hardware, "command": command, "throughput": [], "weight_sync": []}
     rows = []
@@ -402,7 +402,7 @@ def main() -> None:
         try:
             if generating:
                 result["throughput"] = throughput(
-                    engine, args.batch, args.repeats, args.new_tokens, args.unseeded
+                    engine, args.batch, args.repeats, args.new_tokens, args.request_seeds
                 )
                 for rec in result["throughput"]:
                     for what, value in rec["spread"].items():

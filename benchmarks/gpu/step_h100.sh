@@ -10,7 +10,9 @@
 # step (grpo_step_gpu.py: raw vLLM bound run, then rlcore train), verl (verl_grpo_step.py on the same
 # model and prompts), compare (both steps into one JSON and table).
 set -uo pipefail
-OUT=${OUT:-/tmp/out}; mkdir -p "$OUT"
+# Results stay in /tmp/res while the machine is warm (a call's own $OUT starts empty each call); RES=... to move.
+FINAL=${OUT:-}; OUT=${RES:-/tmp/res}; mkdir -p "$OUT"
+trap '[ -n "$FINAL" ] && cp -r "$OUT"/. "$FINAL"/ 2>/dev/null; rm -rf "$FINAL"/grpo_step/qwen2-*/model.safetensors "$FINAL"/grpo_step/runs/*/checkpoints' EXIT
 export PYTHONPATH=/tmp/proj:/tmp/vsite TOKENIZERS_PARALLELISM=false VLLM_USE_FLASHINFER_SAMPLER=0
 SHAPE=${SHAPE:-0.5B}
 step() { local name=$1 limit=$2; shift 2
@@ -41,7 +43,7 @@ for stage in "$@"; do case $stage in
             --out "$OUT/vllm_sync_$s.json"; done ;;
   throughput) free_gpu
           step throughput 330 python3 benchmarks/vllm_gpu.py --batch 64 256 --new-tokens 256 --shape 0.5B --sync-shapes \
-            --repeats 5 --unseeded --out "$OUT/vllm_throughput.json" ;;
+            --repeats 5 --request-seeds --out "$OUT/vllm_throughput.json" ;;
   step) free_gpu  # STEP_OVERRIDES: more rlcore key=value (a fallback, e.g. transport.name=ray)
         step "grpo-step-$SHAPE" 560 python3 benchmarks/grpo_step_gpu.py --shape "$SHAPE" --steps 4 --timeout 520 \
           --out "$OUT/grpo_step" ${STEP_OVERRIDES:-} ;;
