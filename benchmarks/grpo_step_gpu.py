@@ -193,9 +193,9 @@ def run_rlcore(inputs: dict, steps: int, out: Path, timeout: float, extra: list[
     }
 
 
-def summarize(steps: list[dict]) -> dict:
-    """Medians over the steps after the first."""
-    timed = steps[1:] or steps
+def summarize(steps: list[dict], profiled: int = 0) -> dict:
+    """Medians over the steps after the first, the profiled one left out."""
+    timed = [s for s in steps[1:] if s["step"] != profiled] or steps
 
     def med(key: str) -> float | None:
         values = [s[key] for s in timed if key in s]
@@ -291,6 +291,12 @@ def main() -> None:
     parser.add_argument("--verl", type=Path, help="folder of benchmarks/verl_grpo_step.py's results")
     parser.add_argument("--skip-rlcore", action="store_true")
     parser.add_argument(
+        "--profile-step",
+        type=int,
+        default=0,
+        help="profile this step in every worker (left out of the medians)",
+    )
+    parser.add_argument(
         "--name",
         default="grpo_step",
         help="run name: results in NAME_SHAPE.json (a variant beside the default)",
@@ -333,8 +339,13 @@ def main() -> None:
         result["raw_generate"] = json.loads(raw.read_text())
         save()
     if not args.skip_rlcore:
-        run = run_rlcore(inputs, args.steps, args.out, args.timeout, args.overrides, args.name)
-        result["rlcore"] = {**{k: v for k, v in run.items() if k != "steps"}, **summarize(run["steps"])}
+        extra = [*args.overrides, f"trainer.profile_step={args.profile_step}"]
+        run = run_rlcore(inputs, args.steps, args.out, args.timeout, extra, args.name)
+        result["rlcore"] = {
+            **{k: v for k, v in run.items() if k != "steps"},
+            **summarize(run["steps"], args.profile_step),
+            "profile_step": args.profile_step,
+        }
         result["rlcore_steps"] = run["steps"]
         save()
     if "raw_generate" in result and "rlcore" in result:

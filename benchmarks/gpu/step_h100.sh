@@ -12,7 +12,15 @@
 set -uo pipefail
 # Results stay in /tmp/res while the machine is warm (a call's own $OUT starts empty each call); RES=... to move.
 FINAL=${OUT:-}; OUT=${RES:-/tmp/res}; mkdir -p "$OUT"
-trap '[ -n "$FINAL" ] && cp -r "$OUT"/. "$FINAL"/ 2>/dev/null; rm -rf "$FINAL"/grpo_step/qwen2-*/model.safetensors "$FINAL"/grpo_step/runs/*/checkpoints' EXIT
+collect() {  # what comes back: results, logs and tables (models, checkpoints and Ray's logs stay)
+  [ -n "$FINAL" ] || return 0
+  (cd "$OUT" && find . -maxdepth 2 -type f \( -name '*.json' -o -name '*.log' -o -name '*.txt' -o -name '*.csv' \) \
+     -size -4M ! -path './grpo_step/qwen2*' ! -path './grpo_step/tokenizer*' ! -name 'verl.log' \
+     -exec cp --parents {} "$FINAL"/ \;)
+  for m in "$OUT"/grpo_step/runs/*/metrics.jsonl; do [ -f "$m" ] && cp "$m" "$FINAL/$(basename "$(dirname "$m")")_metrics.jsonl"; done
+  [ -f "$OUT/verl/verl.log" ] && tail -c 200000 "$OUT/verl/verl.log" > "$FINAL/verl_log_tail.txt"
+  [ -d "$OUT/profile" ] && cp -r "$OUT/profile" "$FINAL/"; return 0; }
+trap collect EXIT
 export PYTHONPATH=/tmp/proj:/tmp/vsite TOKENIZERS_PARALLELISM=false VLLM_USE_FLASHINFER_SAMPLER=0
 SHAPE=${SHAPE:-0.5B}
 step() { local name=$1 limit=$2; shift 2
@@ -47,6 +55,23 @@ for stage in "$@"; do case $stage in
   step) free_gpu  # STEP_OVERRIDES: more rlcore key=value (a fallback, e.g. transport.name=ray)
         step "grpo-step-$SHAPE" 560 python3 benchmarks/grpo_step_gpu.py --shape "$SHAPE" --steps 4 --timeout 520 \
           --out "$OUT/grpo_step" ${STEP_OVERRIDES:-} ;;
+  step-raw) free_gpu  # the bound's raw vLLM run alone (writes the model and prompts too)
+        step "grpo-raw-$SHAPE" 300 python3 benchmarks/grpo_step_gpu.py --shape "$SHAPE" --skip-rlcore --timeout 280 \
+          --out "$OUT/grpo_step" ;;
+  step-rlcore) free_gpu  # rlcore train alone: 5 steps, the last one profiled (out of the medians)
+        step "grpo-rlcore-$SHAPE" 580 python3 benchmarks/grpo_step_gpu.py --shape "$SHAPE" --skip-raw --steps 5 \
+          --profile-step 5 --timeout 560 --out "$OUT/grpo_step" ${STEP_OVERRIDES:-}
+        mkdir -p "$OUT/profile" && cp -r "$OUT"/grpo_step/runs/grpo_step/profile/. "$OUT/profile/" 2>/dev/null ;;
+  verl-bg) free_gpu; mkdir -p "$OUT/verl"  # verl outlives one call: started detached, awaited by wait-verl
+        nvidia-smi --query-gpu=memory.used --format=csv,noheader,nounits -lms 500 > "$OUT/verl/gpu_memory.csv" &
+        echo $! > "$OUT/verl/smi.pid"
+        PYTHONPATH=/tmp/proj:/tmp/verl:/tmp/vsite setsid nohup python3 benchmarks/verl_grpo_step.py \
+          --model "$OUT/grpo_step/qwen2-$SHAPE" --shape "$SHAPE" --prompts-file "$OUT/grpo_step/prompts.jsonl" \
+          --work /tmp/verl_work --steps ${VERL_STEPS:-3} --timeout 1500 --out "$OUT/verl" > "$OUT/verl-bg.log" 2>&1 &
+        echo $! > "$OUT/verl/pid"; echo "verl started: $(cat "$OUT/verl/pid")" ;;
+  wait-verl) pid=$(cat "$OUT/verl/pid"); timeout ${WAIT:-570} tail --pid="$pid" -f /dev/null
+        if kill -0 "$pid" 2>/dev/null; then echo "verl still running"; grep -c "step:" "$OUT/verl/verl.log" 2>/dev/null
+        else echo "verl done"; kill "$(cat "$OUT/verl/smi.pid")" 2>/dev/null; tail -n 30 "$OUT/verl-bg.log"; fi ;;
   step-again) free_gpu  # the same run again (its reproduction), and VARIANT="name key=value ..." beside it
         step "grpo-step-again-$SHAPE" 300 python3 benchmarks/grpo_step_gpu.py --shape "$SHAPE" --steps 4 --timeout 280 \
           --skip-raw --name again --out "$OUT/grpo_step" ${STEP_OVERRIDES:-}

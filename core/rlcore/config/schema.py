@@ -308,6 +308,10 @@ class TrainerConfig:
     #: ``<role>-<rank>.log``). ``warning``, ``info``, ``debug``: that output streams to the terminal as
     #: before, Python loggers at that level (``rlcore train --verbose`` is ``info``).
     log_level: str = attrs.field(default="quiet", validator=_one_of("quiet", "warning", "info", "debug"))
+    #: Profile this step (0: none) with ``torch.profiler`` in every worker (actor, reference, critic,
+    #: rollout): each writes the operators that took the most device time (CPU time on CPUs) to
+    #: ``<run dir>/profile/step<N>/<role>-<rank>.txt``. The profiled step runs slower; time another.
+    profile_step: int = attrs.field(default=0, validator=attrs.validators.ge(0))
 
 
 @attrs.define(kw_only=True)

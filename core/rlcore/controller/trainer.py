@@ -417,9 +417,14 @@ class Trainer:
         ctx = self.ctx
         ctx.begin_step(self.step)
         ctx.memory.take_seconds()  # validation and the warm-up moved memory too: not this step's
+        profiled = self._groups() if cfg.profile_step == self.step else []
+        for group in profiled:
+            group.call_all("profile_start")
         start = time.perf_counter()
         metrics = dict(self.algorithm.step(ctx, prompts))
         step_s = time.perf_counter() - start
+        for group in profiled:
+            group.call_all("profile_stop", str(self.run_dir / "profile" / f"step{self.step}"))
         metrics.update(ctx.metrics)
         metrics.update(ctx.timer.metrics())
         metrics["timing/step"] = step_s
@@ -454,6 +459,12 @@ class Trainer:
             for sink in self.sinks:
                 sink.log(step, metrics)
         return record
+
+    def _groups(self) -> list[Any]:
+        """The worker groups of every role, the rollout's included (each once: colocated local
+        backends may share one)."""
+        groups = [role.group for role in [*self.roles.values(), self.ctx.rollout]]
+        return list({id(g): g for g in groups}.values())
 
     def warm_up(self) -> dict[str, float]:
         """``trainer.warmup_sft_steps`` supervised steps of the actor on ``sft.files`` (a random policy

@@ -23,6 +23,7 @@ import sys
 import time
 import traceback
 from collections.abc import Sequence
+from pathlib import Path
 from typing import Any
 
 from rlcore.api import Batch, Completion, DistInfo, EngineSpec, RolloutSpec, SamplingParams
@@ -104,6 +105,17 @@ def where_am_i(role: str, rank: int) -> WorkerInfo:
     }
 
 
+class _ProcessProfile:
+    """The one ``torch.profiler`` session of this process and how many workers use it."""
+
+    profiler: Any = None
+    events: Any = None
+    users: int = 0
+
+
+_PROFILE = _ProcessProfile()
+
+
 class Worker:
     """What every worker has: identity, :meth:`call`, :meth:`ping`, per-method timings.
 
@@ -148,6 +160,35 @@ class Worker:
     def free_port(self) -> int:
         """A free TCP port on this worker's host (rendezvous of a weight-transport group)."""
         return free_port()
+
+    def profile_start(self) -> None:
+        """Start ``torch.profiler`` over this process (host and device activity) until
+        :meth:`profile_stop`. Workers sharing a process (the local backend) share one profiler."""
+        if _PROFILE.users == 0:
+            from torch.profiler import profile, supported_activities
+
+            _PROFILE.profiler = profile(activities=supported_activities())
+            _PROFILE.profiler.__enter__()
+            _PROFILE.events = None
+        _PROFILE.users += 1
+
+    def profile_stop(self, folder: str) -> str:
+        """Stop the profiler; write the 40 operators with the most self device time (CPU time where no
+        device was profiled) to ``folder/<role>-<rank>.txt`` and return that path. In a shared process
+        every worker writes the process's table."""
+        if _PROFILE.events is None:
+            _PROFILE.profiler.__exit__(None, None, None)
+            _PROFILE.events = _PROFILE.profiler.key_averages()
+        events = _PROFILE.events
+        _PROFILE.users -= 1
+        if _PROFILE.users == 0:
+            _PROFILE.profiler = _PROFILE.events = None
+        on_device = any(getattr(e, "self_device_time_total", 0) for e in events)
+        sort_by = "self_device_time_total" if on_device else "self_cpu_time_total"
+        path = Path(folder) / f"{self.role}-{self.rank}.txt"
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text(events.table(sort_by=sort_by, row_limit=40))
+        return str(path)
 
     def ipc_handles_supported(self) -> bool:
         """Whether this worker's device memory can be opened by another process by handle (the ``ipc``

@@ -158,7 +158,8 @@ def test_unknown_component_name_names_key_value_installed_and_closest(override):
 def test_auto_is_allowed_where_the_run_resolves_it():
     # Core's transports among the installed ones (plugins add more, e.g. rlcore-ascend's hccl).
     with pytest.raises(
-        ConfigError, match=r"'transport.name': .*Installed: broadcast, (\w+, )*inprocess, (\w+, )*ray; or auto"
+        ConfigError,
+        match=r"'transport.name': .*Installed: broadcast, (\w+, )*inprocess, (\w+, )*ray; or auto",
     ):
         load_config(overrides=["transport.name=nope"])
     config = load_config(overrides=["transport.name=auto", "trainer.device=auto", "rollout.engine=auto"])

@@ -272,3 +272,24 @@ def test_rollout_dtype_sets_the_rollout_engine_and_its_weight_stream(tmp_path, t
         seen[dtype] = (engine.spec.dtype, records[-1]["sync/bytes"])
     assert seen["null"][0] == "float32" and seen["bfloat16"][0] == "bfloat16"
     assert seen["bfloat16"][1] == seen["null"][1] / 2
+
+
+def test_profile_step_writes_each_workers_top_operators(tmp_path, tiny_model_path):
+    files = task.write_task(tmp_path / "task")
+    trainer = make_trainer(
+        tmp_path,
+        files,
+        tiny_model_path,
+        trainer__total_steps=2,
+        trainer__profile_step=2,
+        trainer__val_before_train="false",
+    )
+    try:
+        trainer.fit()
+        folder = trainer.run_dir / "profile"
+    finally:
+        trainer.close()
+    assert [p.name for p in folder.iterdir()] == ["step2"]  # that step only
+    tables = {p.name: p.read_text() for p in (folder / "step2").iterdir()}
+    assert {"actor-0.txt", "rollout-0.txt"} <= set(tables)
+    assert all("Self CPU" in text and "aten::" in text for text in tables.values())
