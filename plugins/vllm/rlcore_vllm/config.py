@@ -136,8 +136,8 @@ class VLLMConfig:
     #: call's requests carry no seed of their own: the same prompts with the same seed sample the same
     #: tokens. ``request``: a seed per request (``seed + prompt * n + sample``), so a prompt's samples do
     #: not depend on the rest of the batch, but vLLM samples such requests one at a time with their own
-    #: generators (on an H100 a 512-request batch decoded 1.4-2.3x slower). ``agenerate`` (agent
-    #: episodes, many calls in flight) always seeds per request.
+    #: generators (a kernel per request per decoding step). ``agenerate`` (agent episodes, many calls in
+    #: flight) always seeds per request.
     seeding: str = attrs.field(default="batch", validator=_seeding)
     #: Further ``vllm.EngineArgs`` passed through unchanged (``max_num_batched_tokens``, ``block_size``,
     #: ``enable_chunked_prefill`` ...); vLLM rejects unknown names.
