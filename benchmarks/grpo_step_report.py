@@ -12,7 +12,6 @@ from __future__ import annotations
 import argparse
 import json
 import re
-import statistics
 import sys
 from pathlib import Path
 
@@ -44,30 +43,26 @@ def main() -> None:
     parser.add_argument("--profiled-step", type=int, default=5)
     parser.add_argument("--mfu", type=float, default=0.288)
     args = parser.parse_args()
-    from grpo_step_gpu import PROMPT_LEN, PROMPTS, N, bound
+    from grpo_step_gpu import PROMPT_LEN, PROMPTS, N, bound, summarize
 
     records = [json.loads(line) for line in (args.dir / "round2_rlcore_metrics.jsonl").open()]
     steps = [r for r in records if "timing/step" in r]
-    timed = [s for s in steps[1:] if s["step"] != args.profiled_step]
-
-    def med(key: str, rows=timed) -> float:
-        return statistics.median(r.get(key, 0.0) for r in rows)
-
-    rlcore = {p: med(f"timing/{p}") for p in PHASES}
-    rlcore["other"] = med("timing/step") - sum(rlcore.values())
+    run = summarize(steps, args.profiled_step)
+    rlcore = {p: run["phases_s"].get(p, 0.0) for p in PHASES}
+    rlcore["other"] = run["step_s"] - sum(rlcore.values())  # controller, reward, advantages
     raw = json.loads((args.dir / "round2_raw_generate.json").read_text())
-    per_seq = PROMPT_LEN + med("response_length/mean")
+    per_seq = PROMPT_LEN + run["response_length_mean"]
     limit = bound("0.5B", raw["seconds"], [round(per_seq)] * (PROMPTS * N), args.mfu)
     verl = verl_step(args.dir / "round2_verl_step1.txt")
     first = steps[0]
     summary = {
-        "rlcore_steps_timed": [s["step"] for s in timed],
-        "rlcore_step_s": med("timing/step"),
-        "rlcore_step_range_s": [min(s["timing/step"] for s in timed), max(s["timing/step"] for s in timed)],
+        "rlcore_steps_timed": [s["step"] for s in steps[1:] if s["step"] != args.profiled_step],
+        "rlcore_step_s": run["step_s"],
+        "rlcore_step_range_s": run["step_range_s"],
         "rlcore_phases_s": rlcore,
-        "rlcore_release_resume_s": med("timing/release_resume"),
-        "rlcore_sync_seconds": med("sync/seconds"),
-        "rlcore_tokens_per_s_per_gpu": med("tokens/total") / med("timing/step"),
+        "rlcore_release_resume_s": run["release_resume_s"],
+        "rlcore_sync_seconds": run["sync_s"],
+        "rlcore_tokens_per_s_per_gpu": run["tokens_per_s_per_gpu"],
         "rlcore_step1_s": first["timing/step"],
         "rlcore_step1_phases_s": {p: first.get(f"timing/{p}", 0.0) for p in PHASES},
         "verl_step1_s": verl.get("timing_s/step"),
@@ -75,7 +70,7 @@ def main() -> None:
         "verl_step1_tokens_per_s_per_gpu": verl.get("perf/throughput"),
         "verl_step1_max_memory_reserved_gib": verl.get("actor/perf/max_memory_reserved_gb"),
         "bound": limit,
-        "rlcore_over_bound": med("timing/step") / limit["total_s"],
+        "rlcore_over_bound": run["step_s"] / limit["total_s"],
         "rlcore_step1_over_verl_step1": first["timing/step"] / verl["timing_s/step"] if verl else None,
     }
     (args.dir / "summary.json").write_text(json.dumps(summary, indent=2))

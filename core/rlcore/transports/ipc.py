@@ -16,6 +16,7 @@ synchronize their device) before the sync returns. Tensors on the CPU cannot be 
 
 from __future__ import annotations
 
+import math
 import time
 from collections.abc import Iterable, Iterator
 from typing import Any
@@ -57,10 +58,7 @@ def unpack(flat: torch.Tensor, entries: list[Entry]) -> WeightBucket:
 def _view(flat: torch.Tensor, entry: Entry) -> torch.Tensor:
     _, dtype_name, shape, offset = entry
     dtype = getattr(torch, dtype_name)
-    numel = 1
-    for size in shape:
-        numel *= size
-    nbytes = numel * torch.empty((), dtype=dtype).element_size()
+    nbytes = math.prod(shape) * dtype.itemsize
     return flat[offset : offset + nbytes].view(dtype).view(shape)
 
 

@@ -86,9 +86,6 @@ class WritePlan:
                 self.skipped.update(name for name in group if name not in views)
         self.views = views
 
-    def __contains__(self, name: str) -> bool:
-        return name in self.views or name in self.skipped
-
     def write(
         self, named: Iterable[tuple[str, torch.Tensor]], flush_bytes: int = 512 * 2**20
     ) -> list[tuple[str, torch.Tensor]]:
