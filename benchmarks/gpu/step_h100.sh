@@ -8,18 +8,23 @@
 # into /tmp/proj), tests (the GPU tests of the ipc transport), sync (vllm_gpu.py sync rows, one process
 # per size: 0.5B, 1.5B, 7B), throughput (vllm_gpu.py plugin vs raw, interleaved, with the seeds' cost),
 # step (grpo_step_gpu.py: raw vLLM bound run, then rlcore train), verl (verl_grpo_step.py on the same
-# model and prompts), compare (both steps into one JSON and table).
+# model and prompts), compare (both steps into one JSON and table), step-named (one named rlcore run:
+# NAME, STEPS, PROFILE, STEP_OVERRIDES; its JSON holds the bound of this machine's step-raw run).
 set -uo pipefail
 # Results stay in /tmp/res while the machine is warm (a call's own $OUT starts empty each call); RES=... to move.
 FINAL=${OUT:-}; OUT=${RES:-/tmp/res}; mkdir -p "$OUT"
 collect() {  # what comes back: results, logs and tables (models, checkpoints and Ray's logs stay)
   [ -n "$FINAL" ] || return 0
+  local final=$FINAL; FINAL=$(mktemp -d)  # gathered first: a call brings back at most 8 files
   (cd "$OUT" && find . -maxdepth 2 -type f \( -name '*.json' -o -name '*.log' -o -name '*.txt' -o -name '*.csv' \) \
      -size -4M ! -path './grpo_step/qwen2*' ! -path './grpo_step/tokenizer*' ! -name 'verl.log' \
      -exec cp --parents {} "$FINAL"/ \;)
   for m in "$OUT"/grpo_step/runs/*/metrics.jsonl; do [ -f "$m" ] && cp "$m" "$FINAL/$(basename "$(dirname "$m")")_metrics.jsonl"; done
   [ -f "$OUT/verl/verl.log" ] && tail -c 200000 "$OUT/verl/verl.log" > "$FINAL/verl_log_tail.txt"
-  [ -d "$OUT/profile" ] && cp -r "$OUT/profile" "$FINAL/"; return 0; }
+  [ -d "$OUT/profile" ] && cp -r "$OUT/profile" "$FINAL/"
+  if [ "$(find "$FINAL" -type f | wc -l)" -le 8 ]; then cp -r "$FINAL"/. "$final"/
+  else tar -C "$FINAL" -czf "$final/results.tgz" . && cp "$FINAL/commands.txt" "$final/" 2>/dev/null; fi  # tar -xzf results.tgz
+  rm -rf "$FINAL"; return 0; }
 trap collect EXIT
 export PYTHONPATH=/tmp/proj:/tmp/vsite TOKENIZERS_PARALLELISM=false VLLM_USE_FLASHINFER_SAMPLER=0
 SHAPE=${SHAPE:-0.5B}
@@ -62,6 +67,18 @@ for stage in "$@"; do case $stage in
         step "grpo-rlcore-$SHAPE" 580 python3 benchmarks/grpo_step_gpu.py --shape "$SHAPE" --skip-raw --steps 5 \
           --profile-step 5 --timeout 560 --out "$OUT/grpo_step" ${STEP_OVERRIDES:-}
         mkdir -p "$OUT/profile" && cp -r "$OUT"/grpo_step/runs/grpo_step/profile/. "$OUT/profile/" 2>/dev/null ;;
+  step-named) free_gpu  # NAME=run STEPS=n PROFILE=k (0: none) STEP_OVERRIDES="key=value ...": one rlcore run beside
+        # the others, with the bound from the step-raw run of this machine (its raw_generate.json) in NAME_SHAPE.json
+        name=${NAME:?NAME=run name}; steps=${STEPS:-5}; prof=${PROFILE:-$steps}
+        [ -f "$OUT/grpo_step/raw_generate.json" ] && [ ! -f "$OUT/grpo_step/${name}_$SHAPE.json" ] &&
+          python3 -c "import json,sys; json.dump({'raw_generate': json.load(open(sys.argv[1]))}, open(sys.argv[2], 'w'))" \
+            "$OUT/grpo_step/raw_generate.json" "$OUT/grpo_step/${name}_$SHAPE.json"
+        step "grpo-$name-$SHAPE" ${LIMIT:-570} python3 benchmarks/grpo_step_gpu.py --shape "$SHAPE" --skip-raw --steps "$steps" \
+          --profile-step "$prof" --timeout $(( ${LIMIT:-570} - 15 )) --name "$name" --out "$OUT/grpo_step" ${STEP_OVERRIDES:-}
+        mkdir -p "$OUT/logs-$name" "$OUT/profile-$name"  # flat: collect copies two levels deep
+        for f in "$OUT/grpo_step/runs/$name"/logs/*.log; do [ -f "$f" ] && tail -c 200000 "$f" > "$OUT/logs-$name/$(basename "$f")"; done
+        for f in "$OUT/grpo_step/runs/$name"/profile/*/*.txt; do
+          [ -f "$f" ] && cp "$f" "$OUT/profile-$name/$(basename "$(dirname "$f")")-$(basename "$f")"; done ;;
   verl-bg) free_gpu; mkdir -p "$OUT/verl"  # verl outlives one call: started detached, awaited by wait-verl
         nvidia-smi --query-gpu=memory.used --format=csv,noheader,nounits -lms 500 > "$OUT/verl/gpu_memory.csv" &
         echo $! > "$OUT/verl/smi.pid"
