@@ -7,7 +7,8 @@ Only ``is_available``, ``device_count``, ``set_device`` and ``memory_stats`` are
 hook has a default that is right for a plain device without extras, so a platform written against an
 older rlcore keeps working when hooks are added (hooks only grow). The adapter hooks
 (:meth:`~DevicePlatform.rollout_env`, :meth:`~DevicePlatform.memory_saver_supported`,
-:meth:`~DevicePlatform.ipc_handles_supported`, :meth:`~DevicePlatform.attention_implementation`,
+:meth:`~DevicePlatform.ipc_handles_supported`, :meth:`~DevicePlatform.memory_separate_from_host`,
+:meth:`~DevicePlatform.attention_implementation`,
 :meth:`~DevicePlatform.ray_visible_devices`) are how engine plugins learn what differs on a device:
 they ask the platform and never name a vendor.
 """
@@ -84,6 +85,13 @@ class DevicePlatform(abc.ABC):
         equivalent). Colocated weight loading by handle needs it; without it, send the bytes (the
         ``inprocess``/``ray``/``broadcast`` transports). Default: no."""
         return False
+
+    def memory_separate_from_host(self) -> bool:
+        """Whether this device has memory of its own, apart from the host's: then colocated roles make
+        room for each other by moving state to the host and back by tag (``release``/``resume``). Where
+        the device *is* the host (CPUs) a release would free nothing, so the trainer skips those calls
+        and their round trips. Default: yes."""
+        return True
 
     def attention_implementation(self) -> str:
         """The Hugging Face ``attn_implementation`` that works on this device, used where a config leaves

@@ -42,9 +42,13 @@ class CPUPlatform(DevicePlatform):
     def explain(cls) -> str:
         return "always available (the fallback when no accelerator platform is)"
 
-    # Adapter hooks keep their defaults: no rollout environment, no memory saver (vLLM-CPU's sleep frees
-    # nothing; host memory is the OS's to manage), no device IPC handles (CPU tensors cross processes
-    # through shared memory, which every transport already uses), SDPA attention.
+    def memory_separate_from_host(self) -> bool:
+        # The device is the host: moving a role's state "off the device" would move nothing.
+        return False
+
+    # The other adapter hooks keep their defaults: no rollout environment, no memory saver (vLLM-CPU's
+    # sleep frees nothing; host memory is the OS's to manage), no device IPC handles (CPU tensors cross
+    # processes through shared memory, which every transport already uses), SDPA attention.
 
 
 class CUDAPlatform(DevicePlatform):

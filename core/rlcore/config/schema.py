@@ -273,9 +273,12 @@ class TrainerConfig:
     seed: int = 0
     #: ``auto`` picks the best available device platform; or a platform name (``cpu``, ``cuda`` ...).
     device: str = "auto"
-    #: ``colocated`` (roles time-share devices) or ``split`` (rollout on its own devices).
-    placement: str = attrs.field(default="colocated", validator=_one_of("colocated", "split"))
-    #: Colocated placement: also move the train roles' weights and optimizer state off the devices while
+    #: ``colocated`` (roles time-share devices), ``split`` (rollout on its own devices) or ``hybrid``
+    #: (colocated, and each rollout replica built inside an actor rank's process, as verl's hybrid
+    #: engine: its weights are loaded in memory, without a transport or a trip through the driver;
+    #: ``rollout.num_engines`` at most ``actor.world_size``, ``rollout.tensor_parallel_size`` 1).
+    placement: str = attrs.field(default="colocated", validator=_one_of("colocated", "split", "hybrid"))
+    #: Colocated or hybrid placement: also move the train roles' weights and optimizer state off the devices while
     #: the rollout generates (room for a larger KV cache, at the cost of a copy each way every step).
     release_train_in_rollout: bool = False
     #: Before a train role splits a batch over its data-parallel ranks (each mini-batch of an update,

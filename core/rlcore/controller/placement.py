@@ -10,6 +10,11 @@ machines. A role's rank ``r`` runs on bundle ``r`` of its pool and takes ``share
     trainer releases one role's memory by tag before another role's phase).
 ``split``
     the train roles share one pool; the rollout gets a pool of its own, whole devices.
+``hybrid``
+    as ``colocated``, but each rollout replica is built inside an actor rank's process (verl's "hybrid
+    engine"): it reserves nothing of its own, and loads the actor's weights in memory, without a
+    transport (:meth:`~rlcore.controller.ray_group.RayGroup.hosted`). Replica ``r`` lives with the
+    actor's ``r``-th rank holding full weights; tensor-parallel replicas are not supported there.
 
 A rollout replica with ``tensor_parallel_size = t`` owns bundles ``[i*t, (i+1)*t)`` of its pool; its
 worker runs on the first of them; an engine that starts its own device workers (vLLM's Ray executor)
@@ -24,7 +29,7 @@ from typing import Any
 
 import attrs
 
-MODES = ("colocated", "split")
+MODES = ("colocated", "split", "hybrid")
 ROLLOUT = "rollout"
 #: Bundle indices of a multi-device rollout replica, for engines that start their own device workers.
 BUNDLE_INDICES_ENV = "RLCORE_BUNDLE_INDICES"
@@ -197,6 +202,10 @@ def plan_placement(
             f"rollout devices ({role_sizes[ROLLOUT]}) must be a multiple of tensor_parallel_size ({tp})"
         )
     groups: dict[str, list[str]] = {"shared": list(role_sizes)}
+    hosted = mode == "hybrid" and ROLLOUT in role_sizes
+    if hosted:
+        _check_hostable(role_sizes, tp)
+        groups = {"shared": [r for r in role_sizes if r != ROLLOUT]}
     if mode == "split":
         groups = {}
         train = [r for r in role_sizes if r != ROLLOUT]
@@ -220,7 +229,28 @@ def plan_placement(
     for name, roles in groups.items():
         for role in roles:
             slots[role] = PoolSlot(pools[name], 1.0 / len(roles), tp if role == ROLLOUT else 1)
+    if hosted:  # the rollout takes the actor's processes, so its bundles and share
+        slots[ROLLOUT] = slots["actor"]
     return Placement(mode, pools, slots)
+
+
+def _check_hostable(role_sizes: Mapping[str, int], tp: int) -> None:
+    if "actor" not in role_sizes:
+        raise ValueError(
+            "trainer.placement=hybrid builds the rollout inside the actor's processes: plan an actor"
+        )
+    if tp != 1:
+        raise ValueError(
+            f"trainer.placement=hybrid builds each rollout replica inside one actor process, so "
+            f"rollout.tensor_parallel_size must be 1 (got {tp}); use trainer.placement=colocated for "
+            f"tensor-parallel rollout engines"
+        )
+    if role_sizes[ROLLOUT] > role_sizes["actor"]:
+        raise ValueError(
+            f"trainer.placement=hybrid puts each rollout replica in an actor rank's process: "
+            f"rollout.num_engines ({role_sizes[ROLLOUT]}) must be at most actor.world_size "
+            f"({role_sizes['actor']})"
+        )
 
 
 def role_sizes_from_config(config: Any, roles: Sequence[str]) -> dict[str, int]:

@@ -40,10 +40,14 @@ STANDALONE_CPUS_PER_RANK = 0.1
 class _RayHost:
     """The Ray actor around a worker. Building the worker is a method call, not the actor's
     ``__init__``: the host reports its pid and log files first, so a worker that crashes while building
-    its engine still gets a report with its log, and an exception there arrives as a task error."""
+    its engine still gets a report with its log, and an exception there arrives as a task error.
+
+    A host may hold workers of several roles, by role name: with ``trainer.placement=hybrid`` a rollout
+    replica is built inside an actor rank's process (:meth:`RayGroup.hosted`)."""
 
     def __init__(self, role: str, rank: int):
-        self.role, self.rank, self.worker = role, rank, None
+        self.role, self.rank = role, rank
+        self.workers: dict[str, Any] = {}
         log_dir = os.environ.get(LOG_DIR_ENV)
         if log_dir:  # a quiet run: this worker's whole output goes to the run's logs folder
             redirect_output(Path(log_dir) / worker_log_name(role, rank))
@@ -58,18 +62,18 @@ class _RayHost:
         return free_port()
 
     def construct(
-        self, worker_cls: type, kwargs: dict[str, Any], env: dict[str, str]
+        self, key: str, worker_cls: type, kwargs: dict[str, Any], env: dict[str, str]
     ) -> tuple[int, int, bool]:
         # torch.distributed's env:// rendezvous and some engines read these rather than DistInfo.
         os.environ.update(env)
         # The platform's mapping of Ray's device ids to its visible-devices variables, before the worker
         # chooses its platform (which starts the device runtime): LOCAL_RANK 0 relies on it.
         apply_ray_device_env(kwargs.get("device", "auto"))
-        self.worker = worker_cls(**kwargs)
-        return self.worker.topology()
+        self.workers[key] = worker_cls(**kwargs)
+        return self.workers[key].topology()
 
-    def call(self, method: str, *args: Any, **kwargs: Any) -> Any:
-        return self.worker.call(method, *args, **kwargs)
+    def call(self, key: str, method: str, *args: Any, **kwargs: Any) -> Any:
+        return self.workers[key].call(method, *args, **kwargs)
 
 
 _HOST_CLASS = None
@@ -174,6 +178,8 @@ class RayGroup:
         self._actors: list[Any] = []
         self._built = False
         self._owned_pool: ResourcePool | None = None
+        #: the group whose actors host this one's workers (:meth:`hosted`); None: actors of its own
+        self.host: RayGroup | None = None
         if slot is None:
             self._owned_pool = ResourcePool(f"{role}-pool", world_size, resource, STANDALONE_CPUS_PER_RANK)
             slot = PoolSlot(self._owned_pool)
@@ -207,11 +213,52 @@ class RayGroup:
                 "MASTER_ADDR": master_addr,
                 "MASTER_PORT": str(master_port),
             }
-            refs.append(actor.construct.remote(worker_cls, worker_kwargs(rank, dist), rank_env))
-        self._topology = Topology(self.role, self._wait(refs, "__init__"))
+            refs.append(actor.construct.remote(self.role, worker_cls, worker_kwargs(rank, dist), rank_env))
+        self._set_topology(self._wait(refs, "__init__"))
+
+    def _set_topology(self, reports: list[tuple[int, int, bool]]) -> None:
+        self._topology = Topology(self.role, reports)
         self.dp_size = self._topology.dp_size
         self.output_ranks = list(self._topology.output_ranks)
         self._built = True
+
+    @classmethod
+    def hosted(
+        cls,
+        host: RayGroup,
+        role: str,
+        worker_cls: type,
+        worker_kwargs: Callable[[int, DistInfo], dict[str, Any]],
+        world_size: int,
+        *,
+        call_timeout_s: float | None = None,
+        poll_s: float = 1.0,
+    ) -> RayGroup:
+        """``world_size`` workers of ``role`` built inside ``host``'s actors, rank ``r`` in the process of
+        ``host``'s output rank ``r`` (a rank that exports the full weights): the two roles share those
+        processes, their memory and their devices, and calls to either run one at a time there. The
+        group stops no actors at :meth:`shutdown` (``host`` owns them), only its own workers."""
+        host._check_usable()
+        if world_size > len(host.output_ranks):
+            raise ValueError(
+                f"{role}: {world_size} replica(s) cannot live in the processes of {host.role}, which has "
+                f"{len(host.output_ranks)} rank(s) holding full weights ({host.output_ranks}); with "
+                f"trainer.placement=hybrid use at most that many rollout.num_engines"
+            )
+        group = cls.__new__(cls)
+        group.role, group.world_size = role, world_size
+        group.call_timeout_s, group.poll_s = call_timeout_s, poll_s
+        group._failure, group._owned_pool, group._built = None, None, False
+        group.host, group.slot = host, host.slot
+        ranks = host.output_ranks[:world_size]
+        group._actors = [host._actors[r] for r in ranks]
+        group._info = [dict(host._info[r], role=role, rank=i) for i, r in enumerate(ranks)]
+        refs = [
+            actor.construct.remote(role, worker_cls, worker_kwargs(i, DistInfo(i, world_size)), {})
+            for i, actor in enumerate(group._actors)
+        ]
+        group._set_topology(group._wait(refs, "__init__"))
+        return group
 
     # -- constructors for the two worker kinds ----------------------------------------------------
     @classmethod
@@ -251,9 +298,11 @@ class RayGroup:
         num_engines: int = 1,
         slot: PoolSlot | None = None,
         device: str = "auto",
+        host: RayGroup | None = None,
         **options: Any,
     ) -> RayGroup:
-        """The rollout role: ``num_engines`` :class:`RolloutWorker` replicas."""
+        """The rollout role: ``num_engines`` :class:`RolloutWorker` replicas, in actors of their own or,
+        given ``host``, inside its actors (:meth:`hosted`)."""
 
         def kwargs(rank: int, dist: DistInfo) -> dict[str, Any]:
             return {
@@ -265,6 +314,8 @@ class RayGroup:
                 "num_replicas": num_engines,
             }
 
+        if host is not None:
+            return cls.hosted(host, "rollout", RolloutWorker, kwargs, num_engines, **options)
         return cls(
             "rollout", RolloutWorker, kwargs, num_engines, slot=slot, **_standalone(slot, device, options)
         )
@@ -284,7 +335,7 @@ class RayGroup:
         self._check_usable()
         args = tuple(to_wire(a) for a in args)
         kwargs = {k: to_wire(v) for k, v in kwargs.items()}
-        refs = [self._actors[r].call.remote(method, *args, **kwargs) for r in ranks]
+        refs = [self._actors[r].call.remote(self.role, method, *args, **kwargs) for r in ranks]
         return RayPending(self, refs, method, list(ranks), self.call_timeout_s)
 
     def call_all_async(self, method: str, *args: Any, **kwargs: Any) -> RayPending:
@@ -306,7 +357,7 @@ class RayGroup:
         args = tuple(to_wire(a) for a in args)
         kwargs = {k: to_wire(v) for k, v in kwargs.items()}
         refs = [
-            actor.call.remote(method, pieces[self._topology.dp_ranks[r]], *args, **kwargs)
+            actor.call.remote(self.role, method, pieces[self._topology.dp_ranks[r]], *args, **kwargs)
             for r, actor in enumerate(self._actors)
         ]
         results = RayPending(self, refs, method, list(range(self.world_size)), self.call_timeout_s).wait()
@@ -379,9 +430,10 @@ class RayGroup:
         import ray
 
         if self._built and self._failure is None:
-            refs = [actor.call.remote("shutdown") for actor in self._actors]
+            refs = [actor.call.remote(self.role, "shutdown") for actor in self._actors]
             ray.wait(refs, num_returns=len(refs), timeout=10)
-        self._kill()
+        if self.host is None:  # a hosted group's actors belong to its host
+            self._kill()
         self._actors, self._built = [], False
         if self._owned_pool is not None:
             self._owned_pool.remove()

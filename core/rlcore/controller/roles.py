@@ -195,10 +195,24 @@ class RolloutRole:
         self.group.shutdown()
 
 
+def hosted_in(rollout: RolloutRole, actor: TrainRole) -> bool:
+    """Whether the rollout replicas live in the actor ranks' processes (``trainer.placement=hybrid``)."""
+    return getattr(rollout.group, "host", None) is actor.group
+
+
 def resolve_transport_name(name: str, actor: TrainRole, rollout: RolloutRole, colocated: bool = False) -> str:
-    """``auto``: ``inprocess`` when both roles live in this process (local backend); ``ipc`` when they are
-    ``colocated`` on one node whose devices share memory by handle (GPUs: no trip through host memory);
-    else ``ray``."""
+    """``auto``: ``inprocess`` when both roles live in one process (local backend, or the rollout hosted
+    in the actor's processes); ``ipc`` when they are ``colocated`` on one node whose devices share memory
+    by handle (GPUs: no trip through host memory); else ``ray``. A hosted rollout takes only
+    ``inprocess``: its weights never leave the process."""
+    if hosted_in(rollout, actor):
+        if name not in ("auto", "inprocess"):
+            raise ValueError(
+                f"transport.name={name!r}, but with trainer.placement=hybrid each rollout replica lives in an "
+                f"actor rank's process and loads the weights there, without a transport; set transport.name "
+                f"to auto (or inprocess), or use trainer.placement=colocated to send weights with {name!r}"
+            )
+        return "inprocess"
     if name != "auto":
         return name
     if isinstance(actor.group, LocalGroup) and isinstance(rollout.group, LocalGroup):
@@ -233,6 +247,8 @@ def sync_weights(actor: TrainRole, rollout: RolloutRole, transport: Any, dtype: 
     """
     from rlcore.plugins import registry
 
+    if hosted_in(rollout, actor):
+        return _sync_hosted(actor, rollout, transport, dtype)
     name = resolve_transport_name(getattr(transport, "name", "auto") or "auto", actor, rollout)
     transport_cls = registry("weight_transports").get(name)
     sender = actor.group.output_ranks[0]
@@ -269,6 +285,22 @@ def sync_weights(actor: TrainRole, rollout: RolloutRole, transport: Any, dtype: 
         if values:
             metrics[key] = max(values)
     return metrics
+
+
+def _sync_hosted(actor: TrainRole, rollout: RolloutRole, transport: Any, dtype: str) -> dict[str, float]:
+    """Hybrid placement: every actor rank exports (collectively); the ranks hosting a replica load it in
+    their own process. The metrics of :func:`sync_weights`; send time is the export, inside the load."""
+    hosts = actor.group.output_ranks[: rollout.num_engines]
+    start = time.perf_counter()
+    results = actor.group.call_all("sync_local_rollout", transport, dtype, hosts)
+    seconds = time.perf_counter() - start
+    first = results[hosts[0]]
+    return {
+        "sync/seconds": seconds,
+        "sync/bytes": first["sync/bytes"],
+        "sync/buckets": first["sync/buckets"],
+        "sync/load_seconds": max(results[r]["sync/load_seconds"] for r in hosts),
+    }
 
 
 def _join_weight_group(
@@ -332,9 +364,12 @@ def make_rollout_role(
     backend: str = "ray",
     slot: PoolSlot | None = None,
     device: str = "auto",
+    host: TrainRole | None = None,
     **ray_options: Any,
 ) -> RolloutRole:
-    """The rollout role on ``backend`` with ``num_engines`` replicas."""
+    """The rollout role on ``backend`` with ``num_engines`` replicas; ``host``: built inside that train
+    role's processes (``trainer.placement=hybrid``; on the local backend every role shares the driver's
+    process anyway)."""
     if backend == "local":
         return RolloutRole(
             LocalGroup.rollout(engine_name, spec, engine_config, num_engines=num_engines, device=device)
@@ -344,6 +379,13 @@ def make_rollout_role(
     from rlcore.controller.ray_group import RayGroup
 
     group = RayGroup.rollout(
-        engine_name, spec, engine_config, num_engines=num_engines, slot=slot, device=device, **ray_options
+        engine_name,
+        spec,
+        engine_config,
+        num_engines=num_engines,
+        slot=slot,
+        device=device,
+        host=None if host is None else host.group,
+        **ray_options,
     )
     return RolloutRole(group)

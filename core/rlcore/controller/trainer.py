@@ -173,7 +173,7 @@ def build_roles(config: Any, train_roles: Sequence[str], on_built: Callable[[Any
         )
         for name in train_roles
     }
-    builders["rollout"] = functools.partial(
+    build_rollout = functools.partial(
         make_rollout_role,
         config.rollout.engine,
         rollout_spec(config),
@@ -183,7 +183,13 @@ def build_roles(config: Any, train_roles: Sequence[str], on_built: Callable[[Any
         slot=slot("rollout"),
         device=config.trainer.device,
     )
-    roles = _construct(builders, backend == "ray", on_built)
+    if backend == "ray" and config.trainer.placement == "hybrid":
+        # The rollout is built inside the actor's processes, so after them.
+        roles = _construct(builders, True, on_built)
+        rollout = build_rollout(host=roles["actor"])
+        on_built(rollout)
+        return roles, rollout
+    roles = _construct({**builders, "rollout": build_rollout}, backend == "ray", on_built)
     rollout = roles.pop("rollout")
     return roles, rollout
 
@@ -212,6 +218,12 @@ def _construct(
     if errors:
         raise errors[0]
     return built
+
+
+def _device_memory_separate(actor: Any) -> bool:
+    """Whether the actor's devices have memory apart from the host's: where they do not (CPUs), the
+    colocated roles' release/resume calls would free nothing, so the memory plan stays off."""
+    return all(actor.group.call_all("memory_separate_from_host"))
 
 
 def load_tokenizer(config: Any) -> Any:
@@ -301,7 +313,7 @@ class Trainer:
             tokenizer=self.tokenizer,
             pad_token_id=self.train_loader.pad_token_id,
             memory=MemoryPlan(
-                cfg.trainer.placement == "colocated",
+                cfg.trainer.placement != "split" and _device_memory_separate(actor),
                 rollout,
                 self.roles,
                 cfg.trainer.release_train_in_rollout,
@@ -309,7 +321,7 @@ class Trainer:
             transport=attrs.evolve(
                 cfg.transport,
                 name=resolve_transport_name(
-                    cfg.transport.name, actor, rollout, colocated=cfg.trainer.placement == "colocated"
+                    cfg.transport.name, actor, rollout, colocated=cfg.trainer.placement != "split"
                 ),
             ),
             next_prompts=self.next_prompts,

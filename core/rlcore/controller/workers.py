@@ -22,7 +22,7 @@ import socket
 import sys
 import time
 import traceback
-from collections.abc import Sequence
+from collections.abc import Iterable, Iterator, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -116,6 +116,16 @@ class _ProcessProfile:
 _PROFILE = _ProcessProfile()
 
 
+class _ProcessRollout:
+    """The rollout replica built in this process, if any: with ``trainer.placement=hybrid`` it lives in an
+    actor rank's process, and that rank loads its weights without a transport (:meth:`TrainWorker.sync_local_rollout`)."""
+
+    worker: RolloutWorker | None = None
+
+
+_LOCAL_ROLLOUT = _ProcessRollout()
+
+
 class Worker:
     """What every worker has: identity, :meth:`call`, :meth:`ping`, per-method timings.
 
@@ -194,6 +204,10 @@ class Worker:
         """Whether this worker's device memory can be opened by another process by handle (the ``ipc``
         weight transport)."""
         return self.platform.ipc_handles_supported()
+
+    def memory_separate_from_host(self) -> bool:
+        """Whether releasing state to host memory frees this worker's device for colocated roles."""
+        return self.platform.memory_separate_from_host()
 
     def _transport(self, name: str, config: Any) -> Any:
         """This worker's instance of weight transport ``name`` (kept: some hold a process group)."""
@@ -291,11 +305,7 @@ class TrainWorker(Worker):
         Every rank iterates the export (it may run collectives). Rank ``sender_rank`` (default: every
         rank that holds outputs) sends and returns ``(handle, stats)``; the others return ``(None, {})``.
         """
-        import torch
-
-        torch_dtype = getattr(torch, dtype, None)
-        if not isinstance(torch_dtype, torch.dtype):
-            raise ValueError(f"dtype {dtype!r} is not a torch dtype name (float32, bfloat16, float16)")
+        torch_dtype = _torch_dtype(dtype)
         sends = self.engine.holds_output() if sender_rank is None else self.rank == sender_rank
         config = transport_config_for(transport, transport_config)
         buckets = self.engine.export_weights(torch_dtype, int(config.bucket_bytes))
@@ -306,6 +316,45 @@ class TrainWorker(Worker):
         sender = self._transport(transport, config)
         handle = sender.send(buckets)
         return handle, dict(getattr(sender, "last_stats", {}))
+
+    @reports_phase
+    def sync_local_rollout(
+        self, transport_config: Any, dtype: str, host_ranks: Sequence[int]
+    ) -> dict[str, float]:
+        """``trainer.placement=hybrid``: export the full weights in ``dtype`` and stream them straight into
+        the rollout replica built in this process (ranks in ``host_ranks`` have one): no copy between
+        processes, no trip through the driver, no transport. The other ranks join the export's collectives.
+        Returns ``sync/bytes``, ``sync/buckets`` and ``sync/load_seconds`` (empty on ranks without a replica).
+        """
+        from rlcore.transports.stats import bucket_bytes
+
+        config = transport_config_for("inprocess", transport_config)
+        buckets = self.engine.export_weights(_torch_dtype(dtype), int(config.bucket_bytes))
+        if self.rank not in host_ranks:
+            for _ in buckets:  # join the export's collectives
+                pass
+            return {}
+        rollout = _LOCAL_ROLLOUT.worker
+        if rollout is None:
+            raise RuntimeError(
+                f"{self.role} rank {self.rank} should host a rollout replica (trainer.placement=hybrid), but "
+                "none was built in its process"
+            )
+        counted = {"bytes": 0, "buckets": 0}
+
+        def counting() -> Iterator[Any]:
+            for bucket in buckets:
+                counted["bytes"] += bucket_bytes(bucket)
+                counted["buckets"] += 1
+                yield bucket
+
+        start = time.perf_counter()
+        rollout.load_weights(counting())
+        return {
+            "sync/bytes": float(counted["bytes"]),
+            "sync/buckets": float(counted["buckets"]),
+            "sync/load_seconds": time.perf_counter() - start,
+        }
 
     def release_sent_weights(self, transport: str, transport_config: Any) -> None:
         """Every receiver has loaded the last send: free what the transport kept for them."""
@@ -373,6 +422,7 @@ class RolloutWorker(Worker):
             os.environ.setdefault(key, value)
         engine_cls = entry.load()
         self.engine = engine_cls(spec, _engine_config(entry, engine_cls, engine_config), self.platform)
+        _LOCAL_ROLLOUT.worker = self
 
     @reports_phase
     def topology(self) -> tuple[int, int, bool]:
@@ -421,6 +471,10 @@ class RolloutWorker(Worker):
         stats["sync/load_seconds"] = time.perf_counter() - start
         return stats
 
+    def load_weights(self, buckets: Iterable[Any]) -> None:
+        """Load a weight stream handed over in this process (hybrid placement: the actor rank beside it)."""
+        self.engine.load_weights(buckets)
+
     @reports_phase
     def release(self, tags: Sequence[str]) -> None:
         self.engine.release(list(tags))
@@ -440,7 +494,18 @@ class RolloutWorker(Worker):
         cached = getattr(self, "_agent", None)
         if cached is not None:
             cached[1].close()
+        if _LOCAL_ROLLOUT.worker is self:
+            _LOCAL_ROLLOUT.worker = None
         self.engine.shutdown()
+
+
+def _torch_dtype(name: str) -> Any:
+    import torch
+
+    dtype = getattr(torch, name, None)
+    if not isinstance(dtype, torch.dtype):
+        raise ValueError(f"dtype {name!r} is not a torch dtype name (float32, bfloat16, float16)")
+    return dtype
 
 
 def transport_config_for(name: str, config: Any) -> Any:

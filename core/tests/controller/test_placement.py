@@ -3,7 +3,7 @@ shares, split placement gives the rollout its own pool."""
 
 import pytest
 import ray
-from rlcore.api import EngineSpec, RolloutSpec
+from rlcore.api import EngineSpec, RolloutSpec, SamplingParams
 from rlcore.config.schema import RLConfig
 from rlcore.controller import (
     ResourcePool,
@@ -15,6 +15,10 @@ from rlcore.controller import (
     stop_ray,
 )
 from rlcore.controller.placement import cluster_resource
+from rlcore.controller.roles import hosted_in, resolve_transport_name, sync_weights
+from rlcore.rollout.batching import completions_to_batch
+from rlcore.testing.contract import contract_batch, token_nll_loss
+from rlcore.transports import TransportConfig
 
 
 def test_colocated_roles_share_one_pool_in_equal_shares():
@@ -57,8 +61,23 @@ def test_cpu_bundles_fit_a_small_machine():
     assert plan.pools["train"].bundles() == [{"CPU": 0.6666}] * 2
 
 
+def test_hybrid_placement_reserves_nothing_for_the_rollout():
+    # The rollout lives in the actor's processes: the pool holds the train roles only, and the rollout's
+    # slot is the actor's.
+    plan = plan_placement("hybrid", {"actor": 2, "reference": 2, "rollout": 2}, resource="GPU", total_cpus=16)
+    assert list(plan.pools) == ["shared"] and plan.pools["shared"].num_bundles == 2
+    assert plan.slot("actor").share == plan.slot("reference").share == 0.5
+    assert plan.slot("rollout") is plan.slot("actor")
+    with pytest.raises(ValueError, match=r"rollout.num_engines \(3\) must be at most actor.world_size \(2\)"):
+        plan_placement("hybrid", {"actor": 2, "rollout": 3}, total_cpus=2)
+    with pytest.raises(ValueError, match="tensor_parallel_size must be 1"):
+        plan_placement("hybrid", {"actor": 2, "rollout": 2}, rollout_tensor_parallel=2, total_cpus=2)
+
+
 def test_bad_plans_are_refused():
-    with pytest.raises(ValueError, match="trainer.placement must be one of colocated, split; got 'spread'"):
+    with pytest.raises(
+        ValueError, match="trainer.placement must be one of colocated, split, hybrid; got 'spread'"
+    ):
         plan_placement("spread", {"actor": 1})
     with pytest.raises(ValueError, match="at least one device"):
         plan_placement("colocated", {"actor": 0})
@@ -121,6 +140,52 @@ def test_split_roles_get_their_own_pools(ray_session):
         actor.shutdown()
         rollout.shutdown()
         plan.remove()
+
+
+def test_hybrid_replicas_live_in_the_actor_processes_and_load_weights_there(ray_session):
+    plan = plan_placement("hybrid", {"actor": 2, "rollout": 2}, total_cpus=2)
+    plan.create()
+    spec = EngineSpec(model_path="", dtype="float64", lr=0.05)
+    actor = make_train_role("actor", "fake", spec, world_size=2, slot=plan.slot("actor"))
+    rollout = make_rollout_role(
+        "fake", RolloutSpec(model_path="", dtype="float64"), num_engines=2, host=actor
+    )
+    try:
+        assert hosted_in(rollout, actor)
+        # Replica r runs in the process of actor rank r, which holds the whole bundle.
+        assert [i["pid"] for i in rollout.group.ping()] == [i["pid"] for i in actor.group.ping()]
+        assert [i["resources"] for i in actor.group.ping()] == [{"CPU": 1.0}] * 2
+        assert resolve_transport_name("auto", actor, rollout) == "inprocess"
+        with pytest.raises(ValueError, match="transport.name='ray', but with trainer.placement=hybrid"):
+            resolve_transport_name("ray", actor, rollout)
+
+        # Train the actor away from the rollout's (equal, seeded) initial weights.
+        prompts = [[1, 2, 3], [4, 5, 6, 7]]
+        params = SamplingParams(n=2, max_tokens=5, temperature=1.0, seed=0)
+        probe = completions_to_batch(rollout.generate(prompts, params), pad_token_id=0)
+        assert _max_gap(actor, probe) < 1e-5  # log-probs travel as float32
+        actor.train(contract_batch(8, vocab_low=1, vocab_high=200), token_nll_loss)
+        stale = completions_to_batch(rollout.generate(prompts, params), pad_token_id=0)
+        assert _max_gap(actor, stale) > 1e-3
+
+        metrics = sync_weights(actor, rollout, TransportConfig(name="auto"), "float64")
+        assert metrics["sync/bytes"] > 0 and metrics["sync/buckets"] >= 1
+        # Both replicas (each in its own actor rank's process) now sample from the trained weights.
+        fresh = completions_to_batch(rollout.generate(prompts, params), pad_token_id=0)
+        assert _max_gap(actor, fresh) < 1e-5
+    finally:
+        rollout.shutdown()
+        # The hosted group stopped only its workers: the actor's processes still answer.
+        assert len(actor.group.ping()) == 2
+        actor.shutdown()
+        plan.remove()
+
+
+def _max_gap(actor, batch) -> float:
+    """Largest |rollout log-prob - trainer log-prob| over the batch's response tokens."""
+    trainer = actor.infer(batch, ["log_probs"])["log_probs"]
+    mask = batch["response_mask"].bool()
+    return float((batch["rollout_log_probs"] - trainer).abs()[mask].max())
 
 
 def test_a_pool_larger_than_the_cluster_fails_at_once(ray_session):

@@ -164,6 +164,7 @@ def test_colocated_roles_release_memory_around_each_phase(tmp_path, tiny_model_p
         trainer__total_steps=2,
         trainer__release_train_in_rollout="true",
         trainer__val_before_train="false",
+        trainer__device="fake",  # a device with memory of its own (the CPU platform releases nothing)
     )
     seen: list = []
     spy(trainer, seen)
@@ -185,6 +186,22 @@ def test_colocated_roles_release_memory_around_each_phase(tmp_path, tiny_model_p
     assert any(state["actor"] == {"weights", "grads", "optimizer"} for state in generating)
     for state in training:
         assert state == {"rollout": {"weights", "kv_cache"}, "actor": set(), "reference": set()}
+
+
+def test_colocated_roles_on_cpus_release_nothing(tmp_path, tiny_model_path):
+    # The device is the host's memory: a release would move nothing, so none is issued.
+    files = task.write_task(tmp_path / "task")
+    trainer = make_trainer(
+        tmp_path, files, tiny_model_path, trainer__total_steps=1, trainer__release_train_in_rollout="true"
+    )
+    seen: list = []
+    spy(trainer, seen)
+    try:
+        records = trainer.fit()
+    finally:
+        trainer.close()
+    assert seen and all(state == {"rollout": set(), "actor": set(), "reference": set()} for _, state in seen)
+    assert [r["timing/release_resume"] for r in records if "timing/step" in r] == [0.0]
 
 
 def test_split_placement_releases_nothing(tmp_path, tiny_model_path):

@@ -37,7 +37,7 @@ def _one_torch_thread():
     torch.set_num_threads(before)
 
 
-def run(tmp_path: Path, tiny_model_path: Path, algorithm: str, backend: str):
+def run(tmp_path: Path, tiny_model_path: Path, algorithm: str, backend: str, **extra):
     files = task.write_task(tmp_path / "task")
     config = task.task_config(
         tmp_path,
@@ -49,7 +49,7 @@ def run(tmp_path: Path, tiny_model_path: Path, algorithm: str, backend: str):
         trainer__total_steps=12,
         trainer__val_freq=12,
         transport__check_interval=1,  # the post-sync check after every sync, as asserted below
-        **SETTINGS[algorithm],
+        **{**SETTINGS[algorithm], **extra},
     )
     result = run_training(config)
     assert result.ok, result.error
@@ -73,3 +73,17 @@ def test_reward_rises_on_ray_and_matches_the_local_backend(tmp_path, tiny_model_
         for key in ("reward/mean", "advantages/max", "actor/pg_loss", "actor/grad_norm", "val/reward"):
             if key in local_record:
                 assert math.isclose(ray_record[key], local_record[key], rel_tol=1e-4, abs_tol=1e-6), key
+
+
+def test_hybrid_placement_trains_like_the_local_backend(tmp_path, tiny_model_path, ray_cluster):
+    # The rollout replica is built inside the actor's Ray actor and loads its weights there.
+    hybrid = run(tmp_path, tiny_model_path, "grpo", "ray", trainer__placement="hybrid")
+    assert all(
+        r["sync/bytes"] > 0 and r["sync/logprob_diff_mean"] < 1e-4 for r in hybrid.history if r["step"]
+    )
+    assert hybrid.val_reward_end > hybrid.val_reward_start
+    local = run(tmp_path / "local", tiny_model_path, "grpo", "local")
+    for hybrid_record, local_record in zip(hybrid.history, local.history, strict=True):
+        for key in ("reward/mean", "actor/pg_loss", "actor/grad_norm", "val/reward"):
+            if key in local_record:
+                assert math.isclose(hybrid_record[key], local_record[key], rel_tol=1e-4, abs_tol=1e-6), key
