@@ -89,6 +89,13 @@ class TrainEngine(abc.ABC):
     def __init__(self, spec: EngineSpec, config: Any, platform: Any, dist: DistInfo):
         self.spec, self.config, self.platform, self.dist = spec, config, platform, dist
 
+    @classmethod
+    def activation_dtype(cls, spec: EngineSpec, config: Any) -> str:
+        """The dtype the forward computes and keeps activations in, before the engine is built: mixed
+        precision computes in another than the parameters' ``spec.dtype``. The automatic micro-batch
+        budget (``max_tokens_per_micro_batch: auto``) counts activation bytes in it. Default: ``spec.dtype``."""
+        return spec.dtype
+
     @abc.abstractmethod
     def train_step(self, batch: Batch, loss_fn: LossFn) -> dict[str, float]:
         """One optimizer step on this rank's shard of a mini-batch.

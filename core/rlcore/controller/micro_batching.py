@@ -12,10 +12,12 @@ a token budget before it builds the engine:
 clamped to ``[longest sequence, MAX_TOKENS]``. Activation bytes per token count what a decoder layer
 keeps for its backward with an attention kernel that does not store the ``T x T`` scores (SDPA, flash)
 (the inputs of both norms, q/k/v, the attention output, the MLP's gate, up and activation; Korthikanti
-et al., 2022, without their score term), times ``OVERHEAD`` for autograd temporaries and allocator
-slack; with gradient checkpointing a layer keeps only its input, plus one layer's full set while it is
-recomputed. Model states are the parameters, their gradients and AdamW's two fp32 moments, divided by
-the ranks that shard them. Engines that cannot budget tokens fall back to ``micro_batch_size``, set to
+et al., 2022, without their score term), in the dtype the engine computes in (its
+``activation_dtype``: bf16 under mixed precision, whatever the parameters' dtype), times ``OVERHEAD``
+for autograd temporaries and allocator slack; with gradient checkpointing a layer keeps only its input,
+plus one layer's full set while it is recomputed; a role that is never trained (the reference model)
+keeps nothing for a backward, so only one layer's set is alive at a time. Model states are the
+parameters, their gradients and AdamW's two fp32 moments, divided by the ranks that shard them. Engines that cannot budget tokens fall back to ``micro_batch_size``, set to
 the rows of the longest sequence that fit the budget.
 """
 
@@ -79,11 +81,16 @@ class ModelShape:
         embeddings = self.vocab * self.hidden * (1 if self.tied else 2)
         return self.layers * (attention + mlp) + embeddings
 
-    def activation_bytes_per_token(self, dtype_bytes: int, gradient_checkpointing: bool) -> int:
-        """Bytes one token's activations hold from forward to backward (see the module doc)."""
+    def activation_bytes_per_token(
+        self, dtype_bytes: int, gradient_checkpointing: bool, backward: bool = True
+    ) -> int:
+        """Bytes one token's activations hold from forward to backward, or, without a ``backward``
+        (inference), at the peak of a forward (see the module doc)."""
         kv = 2 * self.kv_heads * (self.hidden // self.heads)
         per_layer = (5 * self.hidden + kv + 3 * self.intermediate) * dtype_bytes
-        if gradient_checkpointing:
+        if not backward:
+            kept = per_layer
+        elif gradient_checkpointing:
             kept = self.layers * self.hidden * dtype_bytes + per_layer
         else:
             kept = self.layers * per_layer
@@ -101,23 +108,31 @@ def token_budget(
     trainable: bool,
     shards: int,
     longest: int,
+    activation_dtype: str | None = None,
 ) -> int:
     """Tokens per micro-batch for ``shape`` on a device of ``device_bytes`` (see the module doc);
-    at least ``longest`` (a sequence cannot be split), at most :data:`MAX_TOKENS`."""
+    at least ``longest`` (a sequence cannot be split), at most :data:`MAX_TOKENS`. ``dtype``: the
+    parameters'; ``activation_dtype``: what the forward computes in (default ``dtype``)."""
     dtype_bytes = _DTYPE_BYTES.get(dtype, 4)
     # weights + (gradients + two fp32 AdamW moments when trained), sharded over ``shards`` ranks
     per_param = dtype_bytes + ((dtype_bytes + 8) if trainable else 0)
     states = shape.parameters() * per_param / max(1, shards)
     free = max(0.0, device_bytes - states)
-    per_token = shape.activation_bytes_per_token(dtype_bytes, gradient_checkpointing and trainable)
+    per_token = shape.activation_bytes_per_token(
+        _DTYPE_BYTES.get(activation_dtype or dtype, 4),
+        gradient_checkpointing and trainable,
+        backward=trainable,
+    )
     budget = int(ACTIVATION_FRACTION * free / per_token)
     return max(longest, min(MAX_TOKENS, budget))
 
 
-def resolve(spec: EngineSpec, *, device_bytes: float, shards: int) -> EngineSpec:
+def resolve(
+    spec: EngineSpec, *, device_bytes: float, shards: int, activation_dtype: str | None = None
+) -> EngineSpec:
     """``spec`` with ``max_tokens_per_micro_batch="auto"`` replaced by a budget for this device, and
     ``micro_batch_size`` by the rows of ``spec.max_sequence_length`` tokens that fit it; any other spec
-    unchanged."""
+    unchanged. ``activation_dtype``: the engine's compute dtype (default ``spec.dtype``)."""
     if spec.max_tokens_per_micro_batch != AUTO:
         return spec
     longest = spec.max_sequence_length or 1
@@ -132,6 +147,7 @@ def resolve(spec: EngineSpec, *, device_bytes: float, shards: int) -> EngineSpec
         trainable=spec.trainable,
         shards=shards,
         longest=longest,
+        activation_dtype=activation_dtype,
     )
     rows = max(1, budget // max(1, longest))
     # stderr: the worker's log file (runs/<name>/logs/<role>-<rank>.log), the terminal with --verbose

@@ -130,6 +130,10 @@ class TrainRole:
     def resume(self, tags: Sequence[str] = TRAIN_STATE_TAGS) -> None:
         self.group.call_all("resume", tuple(tags))
 
+    def empty_cache(self) -> None:
+        """Hand the device allocator's cached, unused blocks back (state stays where it is)."""
+        self.group.call_all("empty_cache")
+
     def save_checkpoint(self, path: str) -> None:
         """Every rank writes its part under directory ``path`` (the engine's layout)."""
         self.group.call_all("save_checkpoint", str(path))

@@ -262,10 +262,15 @@ class TrainWorker(Worker):
         self.platform = get_platform(device)
         entry = registry("train_engines").entry(engine_name)
         engine_cls = entry.load()
+        config = _engine_config(entry, engine_cls, engine_config)
+        activation_dtype = getattr(engine_cls, "activation_dtype", None)
         spec = micro_batching.resolve(
-            spec, device_bytes=self.platform.memory_stats()["total_gib"] * 2**30, shards=dist.world_size
+            spec,
+            device_bytes=self.platform.memory_stats()["total_gib"] * 2**30,
+            shards=dist.world_size,
+            activation_dtype=activation_dtype(spec, config) if activation_dtype else spec.dtype,
         )
-        self.engine = engine_cls(spec, _engine_config(entry, engine_cls, engine_config), self.platform, dist)
+        self.engine = engine_cls(spec, config, self.platform, dist)
 
     @reports_phase
     def topology(self) -> tuple[int, int, bool]:
@@ -368,6 +373,11 @@ class TrainWorker(Worker):
     @reports_phase
     def resume(self, tags: Sequence[str]) -> None:
         self.engine.resume(list(tags))
+
+    @reports_phase
+    def empty_cache(self) -> None:
+        """Return the device allocator's unused cached blocks (a colocated rollout is about to need them)."""
+        self.platform.empty_cache()
 
     @reports_phase
     def save_checkpoint(self, path: str) -> None:

@@ -22,6 +22,9 @@ class Recorder:
     def resume(self, tags):
         self.log.append((self.name, "resume", tuple(tags)))
 
+    def empty_cache(self):
+        self.log.append((self.name, "empty_cache", ()))
+
 
 def plan(release_train: bool, enabled: bool = True):
     log: list = []
@@ -52,10 +55,12 @@ def test_memory_plan_issues_only_transitions_releases_first():
     assert log == [
         ("critic", "release", ("grads", "optimizer", "weights")),
         ("reference", "release", ("weights",)),
+        ("actor", "empty_cache", ()),  # kept its state: its allocator's cache goes back before the rollout's
         ("rollout", "resume", ("weights",)),
     ]
     log.clear()
     memory.use("check")  # the probe generates (cache back) and the actor scores it (weights stay)
+    # (critic and reference hold nothing on the device: no cache to empty)
     assert log == [("actor", "release", ("grads", "optimizer")), ("rollout", "resume", ("kv_cache",))]
 
 
@@ -69,7 +74,10 @@ def test_memory_plan_never_releases_the_rollout_cache_alone():
     memory.use("train")
     log.clear()
     memory.use("sync")
-    assert log == [("rollout", "resume", ("weights",))]
+    assert log == [
+        *[(role, "empty_cache", ()) for role in ("actor", "critic", "reference")],
+        ("rollout", "resume", ("weights",)),
+    ]
 
 
 def test_memory_plan_keeps_train_roles_resident_unless_asked():
@@ -79,6 +87,8 @@ def test_memory_plan_keeps_train_roles_resident_unless_asked():
     memory.use("generate")
     assert log == [
         ("rollout", "release", ("kv_cache", "weights")),
+        # the train roles keep their state but give their allocators' caches back to the rollout
+        *[(role, "empty_cache", ()) for role in ("actor", "critic", "reference")],
         ("rollout", "resume", ("kv_cache", "weights")),
     ]
 

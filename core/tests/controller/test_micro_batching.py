@@ -79,6 +79,22 @@ def test_budget_by_hand_for_a_qwen_05b_shape():
     assert got == expected
 
 
+def test_mixed_precision_and_inference_budgets_by_hand():
+    """fp32 parameters computing in bf16 count bf16 activations (the states stay fp32); a reference
+    model, never trained, keeps one layer's activations at a time and no gradients or moments."""
+    params = 24 * (896 * (896 + 2 * 2 * 64) + 896 * 896 + 3 * 896 * 4864) + 151936 * 896
+    per_layer_bf16 = (5 * 896 + 2 * 2 * 64 + 3 * 4864) * 2
+    common = dict(device_bytes=80 * GIB, dtype="float32", gradient_checkpointing=False, shards=1, longest=512)
+    mixed = token_budget(QWEN_05B, trainable=True, activation_dtype="bfloat16", **common)
+    per_token = int(2.0 * (24 * per_layer_bf16 + 896 * 2 + 16))
+    assert mixed == min(MAX_TOKENS, int(0.25 * (80 * GIB - params * (4 + 4 + 8)) / per_token))
+    assert mixed > token_budget(QWEN_05B, trainable=True, **common)  # fp32 activations: half as many
+    small = dict(common, device_bytes=8 * GIB)
+    inference = token_budget(QWEN_05B, trainable=False, activation_dtype="bfloat16", **small)
+    per_token = int(2.0 * (per_layer_bf16 + 896 * 2 + 16))
+    assert inference == min(MAX_TOKENS, int(0.25 * (8 * GIB - params * 4) / per_token))
+
+
 def test_checkpointing_sharding_and_inference_allow_more_tokens():
     common = dict(device_bytes=40 * GIB, dtype="bfloat16", longest=256)
     base = token_budget(QWEN_05B, gradient_checkpointing=False, trainable=True, shards=1, **common)

@@ -83,6 +83,12 @@ class FSDPEngine(TrainEngine):
     config_class = FSDPConfig
     heads = tuple(HEAD_OUTPUTS)
 
+    @classmethod
+    def activation_dtype(cls, spec: EngineSpec, config: FSDPConfig | None) -> str:
+        """``fsdp.mixed_precision`` when set (layers compute in it), else the parameters' dtype."""
+        mixed = getattr(config, "mixed_precision", None)
+        return mixed or spec.dtype
+
     def __init__(
         self,
         spec: EngineSpec,

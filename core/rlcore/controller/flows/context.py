@@ -44,8 +44,12 @@ class MemoryPlan:
                                                ``release_train``); others as in ``generate``
     ==============  =========================  ==============================================
 
-    Only transitions issue calls: releases first (freeing memory), then resumes. With ``enabled``
-    false (split placement: the rollout has devices of its own) every state is a no-op.
+    Only transitions issue calls: releases first (freeing memory), then resumes. When the rollout
+    takes memory back, every train role that kept its state first hands its allocator's cached, unused
+    blocks back to the device (``empty_cache``): without it, the peak of the last update or reference
+    pass stays reserved in those processes while the rollout's KV cache asks for its share. With
+    ``enabled`` false (split placement: the rollout has devices of its own; or devices that are the
+    host's memory) every state is a no-op.
     """
 
     def __init__(self, enabled: bool, rollout: Any, train_roles: dict[str, Any], release_train: bool = False):
@@ -81,11 +85,18 @@ class MemoryPlan:
             raise ValueError(f"unknown memory state {state!r}; use generate, train, sync or check")
         handles = {**self.train_roles, "rollout": self.rollout}
         start = time.perf_counter()
+        released_now = set()
         for name, tags in want.items():
             extra = sorted(tags - self.released[name])
             if extra:
-                handles[name].release(extra)
+                handles[name].release(extra)  # a release empties that role's cache too
                 self.released[name] |= set(extra)
+                released_now.add(name)
+        if self.released["rollout"] - want["rollout"]:
+            for name in self.train_roles:
+                resident = set(self._tags(name)) - self.released[name]
+                if name not in released_now and resident:
+                    handles[name].empty_cache()
         for name, tags in want.items():
             back = sorted(self.released[name] - tags)
             if back:
