@@ -1,7 +1,16 @@
-"""The reference rollout: Hugging Face ``transformers`` ``generate`` on one device.
+"""The reference rollout: a Hugging Face ``transformers`` model on one device.
 
 Slow next to vLLM or SGLang, but simple enough to trust: other rollout engines and the post-sync check
 are measured against it, and it runs anywhere transformers does.
+
+Two decode paths (``hf.decode``). ``loop`` (the default): rlcore's own loop over the model's forward: one
+prefill per distinct prompt of a chunk, then one token per step into a KV cache allocated once for the
+prompt plus ``max_tokens`` (:class:`_PreallocatedLayer`), tokens drawn by inverse CDF (:func:`_sample`:
+one uniform per row, exact for the categorical distribution) from a ``torch.Generator`` of the call.
+``generate``: ``model.generate`` with a log-prob recording processor, whose cache and masks grow by
+concatenation and whose sampler (``torch.multinomial``) draws a random number per vocabulary entry. Both
+sample the same distribution and record the same log-probs; on the tiny CPU model of
+``benchmarks/hf_decode.py`` the loop takes about 0.6x the time of ``generate``.
 
 Log-probs. ``Completion.log_probs[i]`` is ``log_softmax(logits / temperature)`` of the sampled token,
 computed in float32 from the raw logits *before* top-k / top-p filtering: exactly what a train engine
@@ -28,6 +37,7 @@ import torch
 from transformers import (
     AutoModelForCausalLM,
     AutoTokenizer,
+    DynamicCache,
     GenerationConfig,
     LogitsProcessor,
     LogitsProcessorList,
@@ -36,6 +46,7 @@ from transformers import (
     TopKLogitsWarper,
     TopPLogitsWarper,
 )
+from transformers.cache_utils import DynamicLayer
 
 from rlcore.api import (
     Completion,
@@ -59,7 +70,8 @@ class WeightLoadError(ValueError):
 
 
 class HFRollout(RolloutEngine):
-    """Generation with ``model.generate`` over left-padded chunks of ``config.batch_size`` sequences."""
+    """Generation over left-padded chunks of ``config.batch_size`` sequences, by rlcore's decode loop or
+    ``model.generate`` (``config.decode``)."""
 
     config_class = HFRolloutConfig
 
@@ -102,9 +114,16 @@ class HFRollout(RolloutEngine):
                 )
             seed = params.seed if params.seed is not None else self._seeds.randrange(2**63)
             out: list[Completion] = []
-            with self._seeded(seed), torch.inference_mode():
+            if self.config.decode == "loop":
+                # The loop draws from its own generator: the process's RNG is never touched.
+                rng = torch.Generator(device=self.device).manual_seed(seed)
+                seeded = contextlib.nullcontext()
+            else:
+                rng, seeded = None, self._seeded(seed)
+            with seeded, torch.inference_mode():
                 for start in range(0, len(rows), self.config.batch_size):
-                    out.extend(self._generate_chunk(rows[start : start + self.config.batch_size], params))
+                    chunk = rows[start : start + self.config.batch_size]
+                    out.extend(self._generate_chunk(chunk, params, rng))
         n = params.n
         return [out[i * n : (i + 1) * n] for i in range(len(prompts))]
 
@@ -113,8 +132,10 @@ class HFRollout(RolloutEngine):
         result = await loop.run_in_executor(self._executor, self.generate, [prompt], params)
         return result[0]
 
-    def _generate_chunk(self, rows: list[list[int]], params: SamplingParams) -> list[Completion]:
-        """Sample one chunk. Rows are left-padded to a common width ``W``; ``generate`` derives position
+    def _generate_chunk(
+        self, rows: list[list[int]], params: SamplingParams, generator: torch.Generator | None
+    ) -> list[Completion]:
+        """Sample one chunk. Rows are left-padded to a common width ``W``; both decode paths derive position
         ids from the attention mask, so each row sees the positions it would see alone."""
         width = max(len(r) for r in rows)
         input_ids = torch.full((len(rows), width), self.pad_id, dtype=torch.long)
@@ -122,38 +143,12 @@ class HFRollout(RolloutEngine):
         for i, row in enumerate(rows):
             input_ids[i, width - len(row) :] = torch.tensor(row)
             attention_mask[i, width - len(row) :] = 1
-        greedy = params.temperature == 0
-        recorder = _LogProbRecorder(1.0 if greedy else params.temperature)
-        processors = LogitsProcessorList([recorder])
-        if not greedy:
-            # HF's own warpers are switched off (temperature 1, top_k 0, top_p 1 below) and re-added after
-            # the recorder, which must see the raw logits.
-            if params.temperature != 1.0:
-                processors.append(TemperatureLogitsWarper(params.temperature))
-            if params.top_k > 0:
-                processors.append(TopKLogitsWarper(params.top_k))
-            if params.top_p < 1.0:
-                processors.append(TopPLogitsWarper(params.top_p))
-        gen_config = GenerationConfig(
-            max_new_tokens=params.max_tokens,  # check_prompts made sure it fits max_model_len
-            do_sample=not greedy,
-            num_beams=1,
-            eos_token_id=self.eos_ids,
-            pad_token_id=self.pad_id,
-            **({} if greedy else {"temperature": 1.0, "top_k": 0, "top_p": 1.0}),
-        )
-        stopping = StoppingCriteriaList(
-            [StopStrings(params.stop, self._decode, width)] if params.stop else []
-        )
-        sequences = self.model.generate(
-            input_ids=input_ids.to(self.device),
-            attention_mask=attention_mask.to(self.device),
-            generation_config=gen_config,
-            logits_processor=processors,
-            stopping_criteria=stopping,
-        )
-        generated = sequences[:, width:]
-        log_probs = recorder.result(generated).tolist()
+        input_ids, attention_mask = input_ids.to(self.device), attention_mask.to(self.device)
+        if generator is None:
+            generated, log_probs = self._hf_generate(input_ids, attention_mask, params)
+        else:
+            generated, log_probs = self._decode_loop(input_ids, attention_mask, params, generator)
+        log_probs = log_probs.tolist()
         completions = []
         for i, (row, tokens) in enumerate(zip(rows, generated.tolist(), strict=True)):
             end = finish_response(
@@ -174,6 +169,141 @@ class HFRollout(RolloutEngine):
                 )
             )
         return completions
+
+    def _hf_generate(
+        self, input_ids: torch.Tensor, attention_mask: torch.Tensor, params: SamplingParams
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """``decode: generate``: ``model.generate`` with a log-prob recording processor. Returns the generated
+        tokens ``[b, T]`` (rows that ended early run on with padding) and their log-probs, on the CPU."""
+        width = input_ids.shape[1]
+        greedy = params.temperature == 0
+        recorder = _LogProbRecorder(1.0 if greedy else params.temperature)
+        processors = LogitsProcessorList([recorder])
+        if not greedy:
+            # HF's own warpers are switched off (temperature 1, top_k 0, top_p 1 below) and re-added after
+            # the recorder, which must see the raw logits.
+            if params.temperature != 1.0:
+                processors.append(TemperatureLogitsWarper(params.temperature))
+            processors.extend(_filters(params))
+        gen_config = GenerationConfig(
+            max_new_tokens=params.max_tokens,  # check_prompts made sure it fits max_model_len
+            do_sample=not greedy,
+            num_beams=1,
+            eos_token_id=self.eos_ids,
+            pad_token_id=self.pad_id,
+            **({} if greedy else {"temperature": 1.0, "top_k": 0, "top_p": 1.0}),
+        )
+        stopping = StoppingCriteriaList(
+            [StopStrings(params.stop, self._decode, width)] if params.stop else []
+        )
+        sequences = self.model.generate(
+            input_ids=input_ids,
+            attention_mask=attention_mask,
+            generation_config=gen_config,
+            logits_processor=processors,
+            stopping_criteria=stopping,
+        )
+        generated = sequences[:, width:]
+        return generated.cpu(), recorder.result(generated)
+
+    def _decode_loop(
+        self,
+        input_ids: torch.Tensor,
+        attention_mask: torch.Tensor,
+        params: SamplingParams,
+        generator: torch.Generator,
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """``decode: loop``: one prefill, then one forward per token; the KV cache does not grow by copying.
+
+        Same contract as :meth:`_hf_generate`. Full-attention layers of the cache are
+        :class:`_PreallocatedLayer` (one buffer of ``W + max_tokens`` positions, written in place), where
+        ``generate`` concatenates every step; the attention mask is one ``[b, W + max_tokens]`` tensor
+        passed as growing views. Each distinct prompt is prefilled once (:meth:`_prefill`). Tokens are
+        drawn by :func:`_sample` from ``generator``. Rows that ended emit the pad token until all have
+        ended; then the loop stops.
+        """
+        batch, width = input_ids.shape
+        max_tokens = params.max_tokens
+        device = input_ids.device
+        cache = _preallocated_cache(self.model.config, width + max_tokens)
+        # Generated slots are real tokens; the mask passed at each step covers the prompt and the tokens so far.
+        mask = torch.ones((batch, width + max_tokens), dtype=torch.bool, device=device)
+        mask[:, :width] = attention_mask.bool()
+        positions = (attention_mask.cumsum(-1) - 1).clamp_(min=0)  # [b, W]; pads get 0, never attended
+        next_position = positions[:, -1:] + 1  # [b, 1]: the prompt's length (the last column is real)
+        tokens = torch.full((batch, max_tokens), self.pad_id, dtype=torch.long, device=device)
+        log_probs = torch.zeros((batch, max_tokens), dtype=torch.float32, device=device)
+        unfinished = torch.ones(batch, dtype=torch.bool, device=device)
+        eos = torch.tensor(self.eos_ids, device=device)
+        filters = _filters(params)
+        stop = StopStrings(params.stop, self._decode, 0) if params.stop else None
+        logits = self._prefill(input_ids, mask[:, :width], positions, cache)
+        steps = 0
+        for step in range(max_tokens):
+            token, log_prob = _sample(
+                logits[:, -1, :].float(), params.temperature, filters, generator, params.logprobs
+            )
+            token = torch.where(unfinished, token, self.pad_id)
+            tokens[:, step] = token
+            if log_prob is not None:
+                log_probs[:, step] = log_prob
+            steps = step + 1
+            unfinished &= ~torch.isin(token, eos)
+            if stop is not None:
+                unfinished &= ~stop(tokens[:, :steps], None)
+            if steps == max_tokens or not bool(unfinished.any()):
+                break
+            logits = self.model(
+                input_ids=token[:, None],
+                attention_mask=mask[:, : width + steps],
+                position_ids=next_position + step,
+                past_key_values=cache,
+                use_cache=True,
+            ).logits
+        return tokens[:, :steps].cpu(), log_probs[:, :steps].cpu()
+
+    def _prefill(
+        self, input_ids: torch.Tensor, mask: torch.Tensor, positions: torch.Tensor, cache: DynamicCache
+    ) -> torch.Tensor:
+        """Logits ``[b, 1, V]`` at the prompts' last position, their keys and values written into ``cache``.
+
+        A prompt that fills several rows (``n`` samples) runs once: the distinct rows run into a plain
+        cache, and their keys, values and logits are copied to every row holding the same prompt. (Where
+        a cache layer is not a :class:`_PreallocatedLayer`, or all rows differ, every row runs.)
+        """
+        first: dict[tuple, int] = {}  # (ids, mask) of a row -> its index among the distinct rows
+        distinct_rows, inverse = [], []
+        for row, key in enumerate(
+            zip(map(tuple, input_ids.tolist()), map(tuple, mask.tolist()), strict=True)
+        ):
+            if key not in first:
+                first[key] = len(distinct_rows)
+                distinct_rows.append(row)
+            inverse.append(first[key])
+        forward = {"use_cache": True, "logits_to_keep": 1}
+        if len(distinct_rows) == len(inverse) or not all(
+            isinstance(x, _PreallocatedLayer) for x in cache.layers
+        ):
+            return self.model(
+                input_ids=input_ids,
+                attention_mask=mask,
+                position_ids=positions,
+                past_key_values=cache,
+                **forward,
+            ).logits
+        unique = torch.tensor(distinct_rows, device=input_ids.device)
+        inverse = torch.tensor(inverse, device=input_ids.device)
+        distinct = DynamicCache(config=self.model.config)
+        logits = self.model(
+            input_ids=input_ids[unique],
+            attention_mask=mask[unique],
+            position_ids=positions[unique],
+            past_key_values=distinct,
+            **forward,
+        ).logits
+        for layer, filled in zip(cache.layers, distinct.layers, strict=True):
+            layer.update(filled.keys[inverse], filled.values[inverse])
+        return logits[inverse]
 
     def _decode(self, token_ids: Sequence[int]) -> str:
         return self.tokenizer.decode(token_ids, skip_special_tokens=True)
@@ -259,6 +389,99 @@ class HFRollout(RolloutEngine):
 
     def shutdown(self) -> None:
         self._executor.shutdown(wait=True)
+
+
+class _PreallocatedLayer(DynamicLayer):
+    """A full-attention cache layer whose keys and values live in one buffer of ``max_length`` positions,
+    allocated at the first update; each update writes its positions in place, and ``keys`` / ``values``
+    are views of the filled prefix (what ``DynamicLayer`` holds, without the concatenation)."""
+
+    def __init__(self, max_length: int):
+        super().__init__()
+        self.max_length = max_length
+
+    def lazy_initialization(self, key_states: torch.Tensor, value_states: torch.Tensor) -> None:
+        super().lazy_initialization(key_states, value_states)
+        self._key_buffer = key_states.new_empty(
+            (*key_states.shape[:2], self.max_length, key_states.shape[-1])
+        )
+        self._value_buffer = value_states.new_empty(
+            (*value_states.shape[:2], self.max_length, value_states.shape[-1])
+        )
+
+    def update(
+        self, key_states: torch.Tensor, value_states: torch.Tensor, *args, **kwargs
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        if not self.is_initialized:
+            self.lazy_initialization(key_states, value_states)
+        start = self.get_seq_length()
+        end = start + key_states.shape[-2]
+        if end > self.max_length:
+            raise RuntimeError(f"hf rollout: KV cache of {self.max_length} positions overflowed")
+        self._key_buffer[:, :, start:end] = key_states
+        self._value_buffer[:, :, start:end] = value_states
+        self.keys, self.values = self._key_buffer[:, :, :end], self._value_buffer[:, :, :end]
+        return self.keys, self.values
+
+    def get_max_length(self) -> int:
+        return self.max_length
+
+
+def _preallocated_cache(config, max_length: int) -> DynamicCache:
+    """The cache ``generate`` would build for ``config``, with each plain full-attention layer replaced by a
+    :class:`_PreallocatedLayer`; other layer kinds (sliding window, linear attention ...) stay as they are."""
+    cache = DynamicCache(config=config)
+    cache.layers = [
+        _PreallocatedLayer(max_length) if type(layer) is DynamicLayer else layer for layer in cache.layers
+    ]
+    return cache
+
+
+def _filters(params: SamplingParams) -> list[LogitsProcessor]:
+    """Top-k then top-p, as ``generate`` applies them after the temperature (none when greedy)."""
+    if params.temperature == 0:
+        return []
+    warpers: list[LogitsProcessor] = []
+    if params.top_k > 0:
+        warpers.append(TopKLogitsWarper(params.top_k))
+    if params.top_p < 1.0:
+        warpers.append(TopPLogitsWarper(params.top_p))
+    return warpers
+
+
+def _sample(
+    logits: torch.Tensor,
+    temperature: float,
+    filters: Sequence[LogitsProcessor],
+    generator: torch.Generator,
+    logprobs: bool = True,
+) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """One token per row of float32 ``logits [b, V]``, and its log-prob (``None`` unless ``logprobs``).
+
+    Greedy (``temperature == 0``): the argmax, log-prob ``log_softmax(logits)``. Otherwise the log-prob is
+    ``log_softmax(logits / temperature)`` of the drawn token, before top-k/top-p (``filters``), and the
+    token is drawn from ``softmax(filters(logits / temperature))`` by inverse CDF: one uniform ``u`` in
+    ``(0, total]`` per row and the first index whose float64 cumulative probability reaches ``u``. Token
+    ``i`` is drawn with probability ``(cdf[i] - cdf[i-1]) / total``, its softmax probability up to float64
+    rounding; a token of probability 0 (filtered) is never drawn, as its ``cdf`` entry equals the one
+    before. One random number per row, where ``torch.multinomial`` draws one per vocabulary entry.
+    """
+    if temperature == 0:
+        token = logits.argmax(dim=-1)
+        if not logprobs:
+            return token, None
+        return token, torch.log_softmax(logits, dim=-1).gather(-1, token[:, None]).squeeze(-1)
+    scaled = logits / temperature if temperature != 1.0 else logits
+    scores = scaled
+    for fil in filters:
+        scores = fil(None, scores)
+    cdf = torch.softmax(scores, dim=-1, dtype=torch.float64).cumsum_(dim=-1)
+    # 1 - U[0, 1) is in (0, 1], so u > 0 and u <= total (rounding is monotone).
+    uniform = torch.rand((cdf.shape[0], 1), generator=generator, device=cdf.device, dtype=cdf.dtype)
+    token = torch.searchsorted(cdf, (1.0 - uniform) * cdf[:, -1:]).squeeze(-1)  # first i: cdf[i] >= u
+    if not logprobs:
+        return token, None
+    return token, torch.log_softmax(scaled, dim=-1).gather(-1, token[:, None]).squeeze(-1)
 
 
 class _LogProbRecorder(LogitsProcessor):

@@ -1,5 +1,7 @@
 """HFRollout against independent references: a hand-written greedy loop over the HF model (no
-``generate``) and a float64 forward pass over prompt + response."""
+``generate``) and a float64 forward pass over prompt + response. Every test of the engine runs with both
+decode paths (``hf.decode: loop`` and ``generate``); the loop's own sampler and its agreement with
+``model.generate`` are tested at the end."""
 
 import asyncio
 import json
@@ -12,21 +14,28 @@ from rlcore.api import RolloutSpec, SamplingParams
 from rlcore.devices import get_platform
 from rlcore.plugins import registry
 from rlcore.rollout.config import HFRolloutConfig
-from rlcore.rollout.hf import HFRollout, WeightLoadError
+from rlcore.rollout.hf import HFRollout, WeightLoadError, _filters, _sample
 from rlcore.testing.tiny import build_tiny_model
 from rlcore.weights import bucketize
-from transformers import AutoModelForCausalLM
+from transformers import AutoModelForCausalLM, GenerationConfig
 
 
-def make_engine(path, **spec):
+def make_engine(path, decode="loop", **spec):
     return HFRollout(
-        RolloutSpec(model_path=str(path), **spec), HFRolloutConfig(batch_size=4), get_platform("cpu")
+        RolloutSpec(model_path=str(path), **spec),
+        HFRolloutConfig(batch_size=4, decode=decode),
+        get_platform("cpu"),
     )
 
 
+@pytest.fixture(scope="module", params=["loop", "generate"])
+def decode(request):
+    return request.param
+
+
 @pytest.fixture(scope="module")
-def engine(tiny_model):
-    return make_engine(tiny_model)
+def engine(tiny_model, decode):
+    return make_engine(tiny_model, decode)
 
 
 @pytest.fixture(scope="module")
@@ -56,6 +65,19 @@ def greedy_reference(model, prompt, max_tokens, eos_ids):
         if token in eos_ids:
             break
     return out, lps
+
+
+def count_forwards(engine):
+    """Wrap the engine model's forward; the returned list holds the number of calls so far."""
+    calls = [0]
+    forward = engine.model.forward
+
+    def counted(*args, **kwargs):
+        calls[0] += 1
+        return forward(*args, **kwargs)
+
+    engine.model.forward = counted
+    return calls
 
 
 def float64_log_probs(model64, prompt, response, temperature):
@@ -130,12 +152,12 @@ def test_chunking_keeps_prompt_order(engine, prompts):
         assert [c.token_ids for c in group] == [alone.token_ids] * 3
 
 
-def test_max_tokens_and_max_model_len(engine, prompts, tiny_model):
+def test_max_tokens_and_max_model_len(engine, prompts, tiny_model, decode):
     (c,) = engine.generate([prompts[0]], SamplingParams(temperature=0, max_tokens=5))[0]
     assert len(c.token_ids) == 5 and c.finish_reason == "length"
     assert len(c.log_probs) == 5
     # Like vLLM and SGLang (rlcore.api.check_prompts): a request that cannot fit is refused, not cut short.
-    short = make_engine(tiny_model, max_model_len=len(prompts[0]) + 3)
+    short = make_engine(tiny_model, decode, max_model_len=len(prompts[0]) + 3)
     (c,) = short.generate([prompts[0]], SamplingParams(temperature=0, max_tokens=3))[0]
     assert len(c.token_ids) == 3 and c.finish_reason == "length"
     with pytest.raises(ValueError, match=r"hf rollout: prompt 0 .*max_tokens=5.*at most 3 new tokens fit"):
@@ -172,7 +194,7 @@ def test_stop_strings(engine, prompts):
     assert hits >= 1
 
 
-def test_eos_ends_the_response(tiny_model, tmp_path, prompts):
+def test_eos_ends_the_response(tiny_model, tmp_path, prompts, decode):
     model = load_hf(tiny_model)
     greedy, _ = greedy_reference(model, prompts[0], 12, [])
     stop_token = greedy[3]
@@ -181,17 +203,20 @@ def test_eos_ends_the_response(tiny_model, tmp_path, prompts):
     config = json.loads((path / "generation_config.json").read_text())
     config["eos_token_id"] = [config["eos_token_id"], stop_token]
     (path / "generation_config.json").write_text(json.dumps(config))
-    engine = make_engine(path)
+    engine = make_engine(path, decode)
+    calls = count_forwards(engine)
     (c,) = engine.generate([prompts[0]], SamplingParams(temperature=0, max_tokens=12))[0]
     end = greedy.index(stop_token) + 1
     assert c.token_ids == greedy[:end]  # the eos token is kept
     assert c.finish_reason == "stop"
     assert c.text == engine.tokenizer.decode(greedy[:end], skip_special_tokens=True)
+    if decode == "loop":  # no forward after the last row ended: one prefill, then one per token but the last
+        assert calls == [end]
 
 
-def test_load_weights_matches_a_model_with_those_weights(tiny_model, tmp_path, prompts):
+def test_load_weights_matches_a_model_with_those_weights(tiny_model, tmp_path, prompts, decode):
     other = build_tiny_model(tmp_path / "other", seed=1)
-    engine = make_engine(tiny_model)
+    engine = make_engine(tiny_model, decode)
     params = SamplingParams(temperature=0, max_tokens=8)
     before = engine.generate(prompts[:1], params)[0][0].token_ids
     reference = load_hf(other)
@@ -214,8 +239,8 @@ def test_load_weights_tied_names_and_dtype_cast(tiny_model):
     assert torch.equal(embed.detach(), new.float())
 
 
-def test_bad_stream_is_rejected_and_nothing_applied(tiny_model, prompts):
-    engine = make_engine(tiny_model)
+def test_bad_stream_is_rejected_and_nothing_applied(tiny_model, prompts, decode):
+    engine = make_engine(tiny_model, decode)
     params = SamplingParams(temperature=0, max_tokens=6)
     before = engine.generate(prompts[:1], params)[0][0]
     norm = engine.model.state_dict()["model.norm.weight"].clone()
@@ -232,8 +257,8 @@ def test_bad_stream_is_rejected_and_nothing_applied(tiny_model, prompts):
     assert after.token_ids == before.token_ids
 
 
-def test_release_and_resume(tiny_model, prompts):
-    engine = make_engine(tiny_model)
+def test_release_and_resume(tiny_model, prompts, decode):
+    engine = make_engine(tiny_model, decode)
     params = SamplingParams(temperature=0, max_tokens=4)
     before = engine.generate(prompts[:1], params)[0][0].token_ids
     engine.release(["weights", "kv_cache"])
@@ -271,3 +296,161 @@ def test_bad_prompts_and_params(engine, prompts):
 def test_logprobs_off(engine, prompts):
     (c,) = engine.generate(prompts[:1], SamplingParams(temperature=0, max_tokens=3, logprobs=False))[0]
     assert c.log_probs is None and len(c.token_ids) == 3
+
+
+# -- decode: loop ---------------------------------------------------------------------------------
+def left_padded(prompts, pad_id):
+    width = max(len(p) for p in prompts)
+    ids = torch.full((len(prompts), width), pad_id, dtype=torch.long)
+    mask = torch.zeros((len(prompts), width), dtype=torch.long)
+    for i, p in enumerate(prompts):
+        ids[i, width - len(p) :] = torch.tensor(p)
+        mask[i, width - len(p) :] = 1
+    return ids, mask
+
+
+def test_loop_greedy_equals_model_generate(tiny_model):
+    """The loop's greedy tokens are ``model.generate``'s on the same left-padded batch, row by row."""
+    engine = make_engine(tiny_model, "loop")
+    prompts = [[5, 17, 300, 42, 7, 99, 8, 13, 21], [9], [100, 200, 300], [1000, 4, 4, 4, 4, 4]]
+    out = engine.generate(prompts, SamplingParams(temperature=0, max_tokens=16))
+    model = load_hf(tiny_model)
+    ids, mask = left_padded(prompts, engine.pad_id)
+    config = GenerationConfig(
+        max_new_tokens=16, do_sample=False, eos_token_id=engine.eos_ids, pad_token_id=engine.pad_id
+    )
+    with torch.no_grad():
+        want = model.generate(input_ids=ids, attention_mask=mask, generation_config=config)[:, ids.shape[1] :]
+    for (c,), row in zip(out, want.tolist(), strict=True):
+        end = next((i + 1 for i, t in enumerate(row) if t in engine.eos_ids), len(row))
+        assert c.token_ids == row[:end]
+
+
+def test_loop_log_probs_equal_a_float64_forward(tiny_model):
+    """Recorded log-probs are log_softmax(logits / T) of the sampled token (before top-k/top-p), checked
+    against a float64 forward pass over prompt + response, for prompts of different lengths in one chunk."""
+    engine = make_engine(tiny_model, "loop")
+    model64 = load_hf(tiny_model, torch.float64)
+    prompts = [[5, 17, 300, 42, 7, 99, 8, 13, 21], [9], [100, 200, 300]]
+    cases = [
+        SamplingParams(n=2, temperature=1.0, max_tokens=12, seed=0),
+        SamplingParams(n=2, temperature=0.6, top_k=7, top_p=0.8, max_tokens=12, seed=1),
+        SamplingParams(temperature=0, max_tokens=12),
+    ]
+    for params in cases:
+        temperature = params.temperature or 1.0
+        for prompt, group in zip(prompts, engine.generate(prompts, params), strict=True):
+            for c in group:
+                want, logits = float64_log_probs(model64, prompt, c.token_ids, temperature)
+                assert c.log_probs == pytest.approx(want.tolist(), abs=1e-5)
+                if params.temperature == 0:
+                    assert c.token_ids == logits.argmax(-1).tolist()
+
+
+def chi_square(counts, probs):
+    n = counts.sum()
+    expected = probs * n
+    keep = probs > 0
+    assert counts[~keep].sum() == 0  # nothing drawn where the probability is 0
+    return float(((counts[keep] - expected[keep]) ** 2 / expected[keep]).sum()), int(keep.sum()) - 1
+
+
+# Upper 0.1% points of the chi-square distribution by degrees of freedom.
+CHI2_999 = {2: 13.82, 3: 16.27, 4: 18.47, 5: 20.52, 7: 24.32}
+
+
+@pytest.mark.parametrize(
+    ("temperature", "top_k", "top_p"), [(1.0, 0, 1.0), (0.5, 0, 1.0), (1.3, 4, 1.0), (1.0, 0, 0.8)]
+)
+def test_loop_sampler_draws_the_softmax_distribution(temperature, top_k, top_p):
+    """Chi-square of 200k draws from fixed logits against softmax(filtered logits / T) in float64: the
+    inverse-CDF sampler is exact, and honours top-k / top-p (filtered tokens are never drawn)."""
+    logits = torch.tensor([2.0, 0.1, -1.0, 1.2, -3.0, 0.7, 1.9, -0.4])
+    draws = 200_000
+    params = SamplingParams(temperature=temperature, top_k=top_k, top_p=top_p)
+    generator = torch.Generator().manual_seed(1234)
+    token, log_prob = _sample(logits.expand(draws, -1), temperature, _filters(params), generator)
+    counts = torch.bincount(token, minlength=len(logits)).double()
+    # The reference distribution, computed independently in float64.
+    probs = torch.softmax(logits.double() / temperature, -1)
+    if top_k:
+        probs[probs < probs.topk(top_k).values[-1]] = 0
+    if top_p < 1:
+        order = probs.argsort(descending=True)
+        before = torch.cumsum(probs[order], 0) - probs[order]  # mass of the more likely tokens
+        probs[order[before >= top_p]] = 0
+    probs /= probs.sum()
+    stat, dof = chi_square(counts, probs)
+    assert stat < CHI2_999[dof], (stat, counts.tolist(), (probs * draws).tolist())
+    want = torch.log_softmax(logits.double() / temperature, -1)[token]
+    assert torch.allclose(log_prob.double(), want, atol=1e-6)
+
+
+def test_loop_sampler_never_draws_a_zero_probability_token():
+    """The vocabulary's first and last entries (where an inverse CDF goes wrong first) at -inf."""
+    logits = torch.tensor([float("-inf"), 0.0, 5.0, float("-inf")]).expand(50_000, -1)
+    token, _ = _sample(logits, 1.0, [], torch.Generator().manual_seed(0))
+    assert set(token.tolist()) == {1, 2}
+    tiny = torch.tensor([float("-inf"), -30.0, 0.0, float("-inf")]).expand(50_000, -1)
+    token, _ = _sample(tiny, 1.0, [], torch.Generator().manual_seed(0))
+    assert set(token.tolist()) <= {1, 2}
+
+
+def test_loop_and_generate_end_rows_alike(tiny_model, tmp_path):
+    """Greedy, both paths give the same completions when eos (a token greedy decoding reaches in one row)
+    and a stop string (from another row's text) end rows: same tokens, text, finish reason."""
+    prompts = [[5, 17, 300, 42, 7, 99], [9], [100, 200, 300]]
+    greedy, _ = greedy_reference(load_hf(tiny_model), prompts[1], 12, [])
+    path = tmp_path / "eos_model"
+    shutil.copytree(tiny_model, path)
+    config = json.loads((path / "generation_config.json").read_text())
+    config["eos_token_id"] = [config["eos_token_id"], greedy[2]]
+    (path / "generation_config.json").write_text(json.dumps(config))
+    loop, generate = make_engine(path, "loop"), make_engine(path, "generate")
+    plain = SamplingParams(n=2, temperature=0, max_tokens=20)
+    full = loop.generate(prompts, plain)
+    assert full[1][0].token_ids == greedy[: greedy.index(greedy[2]) + 1]  # eos ends the row, kept
+    text = next(g[0].text for g in (full[2], full[0]) if len(g[0].text) > 8)
+    start = next(i for i in range(len(text) // 2, len(text) - 3) if "\ufffd" not in text[i : i + 3])
+    stop = text[start : start + 3]
+    with_stop = attrs.evolve(plain, stop=("zzzz", stop))
+    for params in (plain, with_stop):
+        got, want = loop.generate(prompts, params), generate.generate(prompts, params)
+        for group_got, group_want in zip(got, want, strict=True):
+            for a, b in zip(group_got, group_want, strict=True):
+                assert (a.token_ids, a.text, a.finish_reason) == (b.token_ids, b.text, b.finish_reason)
+                assert a.log_probs == pytest.approx(b.log_probs, abs=1e-5)
+    cut = [
+        c
+        for g, f in zip(got, full, strict=True)
+        for c, w in zip(g, f, strict=True)
+        if c.token_ids != w.token_ids
+    ]
+    assert cut and all(c.finish_reason == "stop" and stop not in c.text for c in cut)
+
+
+def test_loop_prefills_each_distinct_prompt_once(tiny_model):
+    """n samples of a prompt share one prefill row; the copies decode like the prompt run alone."""
+    engine = make_engine(tiny_model, "loop")
+    shapes = []
+    forward = engine.model.forward
+
+    def recorded(*args, **kwargs):
+        shapes.append(tuple(kwargs["input_ids"].shape))
+        return forward(*args, **kwargs)
+
+    engine.model.forward = recorded
+    prompts = [[5, 17, 300, 42], [9, 9]]
+    out = engine.generate(prompts, SamplingParams(n=2, temperature=0, max_tokens=5))  # one chunk of 4 rows
+    assert shapes[0] == (2, 4) and set(shapes[1:]) == {(4, 1)}
+    for prompt, group in zip(prompts, out, strict=True):
+        (alone,) = engine.generate([prompt], SamplingParams(temperature=0, max_tokens=5))[0]
+        for c in group:
+            assert c.token_ids == alone.token_ids
+            assert c.log_probs == pytest.approx(alone.log_probs, abs=1e-5)
+
+
+def test_loop_default_and_config_choice(tiny_model):
+    assert HFRolloutConfig().decode == "loop"
+    with pytest.raises(ValueError, match="decode"):
+        HFRolloutConfig(decode="beam")

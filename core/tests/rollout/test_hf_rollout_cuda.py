@@ -1,9 +1,11 @@
-"""HFRollout on a CUDA device: the same references as on CPU, plus device RNG and memory release."""
+"""HFRollout on a CUDA device, both decode paths: the same references as on CPU, plus device RNG and
+memory release."""
 
 import pytest
 import torch
 from rlcore.api import RolloutSpec, SamplingParams
 from rlcore.devices import get_platform
+from rlcore.rollout.config import HFRolloutConfig
 from rlcore.rollout.hf import HFRollout
 from transformers import AutoModelForCausalLM
 
@@ -13,11 +15,11 @@ pytestmark = [
 ]
 
 
-@pytest.fixture(scope="module")
-def engine(tiny_model):
+@pytest.fixture(scope="module", params=["loop", "generate"])
+def engine(tiny_model, request):
     platform = get_platform("cuda")
     platform.set_device(0)
-    return HFRollout(RolloutSpec(model_path=tiny_model), None, platform)
+    return HFRollout(RolloutSpec(model_path=tiny_model), HFRolloutConfig(decode=request.param), platform)
 
 
 PROMPTS = [[5, 17, 300, 42, 7, 99], [9], [100, 200, 300]]
