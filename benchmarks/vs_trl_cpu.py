@@ -27,7 +27,7 @@ Writes per size ``OUT_DIR/<size>.json`` (every run's per-step times and rewards)
 ``OUT_DIR/<size>-rewards.png`` (the reward curves of every run of both systems), and prints markdown rows ``| name | value | unit | hardware | command |``.
 
     python benchmarks/vs_trl_cpu.py [--sizes small large] [--steps 20] [--large-steps 20] [--repeats 2]
-        [--systems trl rlcore-vllm rlcore-hf] [--out-dir benchmarks/results/vs_trl_cpu]
+        [--systems trl rlcore-vllm rlcore-hf rlcore-hybrid] [--out-dir benchmarks/results/vs_trl_cpu]
 
 Needs TRL (``pip install -c constraints-cpu.txt -r benchmarks/requirements-trl.txt``).
 """
@@ -53,7 +53,14 @@ import psutil
 ROOT = Path(__file__).resolve().parents[1]
 REWARD_FILE = Path(__file__).resolve().parent / "addition_reward.py"
 SIZES = {"tiny": (2, 2, 8), "small": (8, 4, 32), "large": (64, 8, 128)}
-SYSTEMS = ("trl", "rlcore-vllm", "rlcore-hf")
+SYSTEMS = ("trl", "rlcore-vllm", "rlcore-hf", "rlcore-hybrid")
+#: rlcore's systems: ``--rollout`` and extra overrides. ``hybrid``: the HF rollout built inside the actor's
+#: Ray actor (``trainer.placement=hybrid``), loading its weights there, as TRL generates with the model it trains.
+RLCORE_SYSTEMS = {
+    "rlcore-vllm": ("vllm", []),
+    "rlcore-hf": ("hf", []),
+    "rlcore-hybrid": ("hf", ["trainer.placement=hybrid"]),
+}
 LR = 1e-3
 SEED = 0
 DATA_SOURCE = "addition"
@@ -353,8 +360,10 @@ def run_one(system: str, size: str, steps: int, repeat: int, args, inputs: dict)
     if system == "trl":
         cmd, steps_file = trl_command(size, steps, run_dir, inputs), run_dir / "steps.jsonl"
     else:
-        rollout = system.removeprefix("rlcore-")
-        cmd = rlcore_command(rollout, size, steps, run_dir, inputs, args.rlcore_override)
+        rollout, system_overrides = RLCORE_SYSTEMS[system]
+        cmd = rlcore_command(
+            rollout, size, steps, run_dir, inputs, [*system_overrides, *args.rlcore_override]
+        )
         steps_file = run_dir / "metrics.jsonl"
     # a fresh folder: TRL's step timer appends, so an earlier run's steps would count again
     shutil.rmtree(run_dir, ignore_errors=True)
@@ -487,7 +496,7 @@ def plot(runs: list[dict], size: str, path: Path) -> None:
     import matplotlib.pyplot as plt
 
     fig, ax = plt.subplots(figsize=(6, 4))
-    colours = dict(zip(SYSTEMS, ("tab:orange", "tab:blue", "tab:green"), strict=True))
+    colours = dict(zip(SYSTEMS, ("tab:orange", "tab:blue", "tab:green", "tab:purple"), strict=True))
     labelled = set()
     for run in runs:
         points = [(s["step"], s["reward"]) for s in run["per_step"] if s["reward"] is not None]
