@@ -25,12 +25,12 @@ from __future__ import annotations
 
 import argparse
 import os
-import platform
 import statistics
 import sys
 import time
 
 import torch
+from _machine import cpu_name  # benchmarks/, the script's folder, leads sys.path
 from rlcore.api import Batch, EngineSpec
 from rlcore.controller import RayGroup, TrainRole, start_ray, stop_ray
 from rlcore.controller.workers import TrainWorker
@@ -85,12 +85,7 @@ def step(role: TrainRole, batch: Batch) -> tuple[float, float, float, float]:
 
 
 def hardware() -> str:
-    cpu = platform.processor() or "cpu"
-    try:
-        with open("/proc/cpuinfo") as f:
-            cpu = next(line.split(":", 1)[1].strip() for line in f if line.startswith("model name"))
-    except (OSError, StopIteration):
-        pass
+    cpu = cpu_name("cpu")
     return f"{cpu}, {os.cpu_count()} cores, Ray local, load {os.getloadavg()[0]:.1f}"
 
 

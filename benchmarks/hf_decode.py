@@ -21,7 +21,6 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import platform
 import random
 import statistics
 import subprocess
@@ -31,6 +30,7 @@ import time
 from pathlib import Path
 
 import torch
+from _machine import cpu_name  # benchmarks/, the script's folder, leads sys.path
 from rlcore.api import RolloutSpec, SamplingParams
 from rlcore.devices import get_platform
 from rlcore.rollout.config import HFRolloutConfig
@@ -44,12 +44,7 @@ MODES = ("generate", "loop")
 def hardware(device: str) -> str:
     if device != "cpu":
         return torch.cuda.get_device_name(0)
-    cpu = platform.processor() or platform.machine()
-    try:
-        with open("/proc/cpuinfo") as f:
-            cpu = next(line.split(":", 1)[1].strip() for line in f if line.startswith("model name"))
-    except (OSError, StopIteration):
-        pass
+    cpu = cpu_name()
     return f"CPU {cpu}, {os.cpu_count()} cores, torch {torch.get_num_threads()} threads"
 
 

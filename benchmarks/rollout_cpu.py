@@ -17,7 +17,6 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import platform
 import statistics
 import sys
 import tempfile
@@ -25,6 +24,7 @@ import time
 from pathlib import Path
 
 import torch
+from _machine import cpu_name  # benchmarks/, the script's folder, leads sys.path
 from rlcore.api import RolloutSpec, SamplingParams
 from rlcore.devices import get_platform
 from rlcore.rollout.config import HFRolloutConfig
@@ -33,12 +33,7 @@ from rlcore.testing.tiny import build_tiny_model
 
 
 def hardware() -> str:
-    cpu = platform.processor() or platform.machine()
-    try:
-        with open("/proc/cpuinfo") as f:
-            cpu = next(line.split(":", 1)[1].strip() for line in f if line.startswith("model name"))
-    except (OSError, StopIteration):
-        pass
+    cpu = cpu_name()
     return f"CPU {cpu}, {os.cpu_count()} cores, torch {torch.get_num_threads()} threads"
 
 

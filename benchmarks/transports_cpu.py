@@ -16,7 +16,6 @@ from __future__ import annotations
 
 import argparse
 import os
-import platform
 import socket
 import statistics
 import sys
@@ -24,6 +23,7 @@ import time
 
 import torch
 import torch.multiprocessing as mp
+from _machine import cpu_name  # benchmarks/, the script's folder, leads sys.path
 from rlcore.devices import get_platform
 from rlcore.transports.broadcast import BroadcastTransport
 from rlcore.transports.config import TransportConfig
@@ -158,12 +158,7 @@ def time_broadcast(weights, bucket_bytes, total_mib, repeats, receivers=1) -> li
 
 
 def hardware() -> str:
-    cpu = platform.processor() or "cpu"
-    try:
-        with open("/proc/cpuinfo") as f:
-            cpu = next(line.split(":", 1)[1].strip() for line in f if line.startswith("model name"))
-    except (OSError, StopIteration):
-        pass
+    cpu = cpu_name("cpu")
     return f"{cpu}, {os.cpu_count()} cores, torch {torch.__version__.split('+')[0]}, 1 torch thread"
 
 

@@ -49,6 +49,7 @@ import time
 from pathlib import Path
 
 import psutil
+from _machine import cpu_name  # benchmarks/, the script's folder, leads sys.path
 
 ROOT = Path(__file__).resolve().parents[1]
 REWARD_FILE = Path(__file__).resolve().parent / "addition_reward.py"
@@ -442,12 +443,7 @@ def summarise(runs: list[dict], systems: list[str]) -> dict:
 def hardware() -> str:
     import torch
 
-    cpu = platform.machine()
-    try:
-        with open("/proc/cpuinfo") as f:
-            cpu = next(line.split(":", 1)[1].strip() for line in f if line.startswith("model name"))
-    except (OSError, StopIteration):
-        pass
+    cpu = cpu_name(platform.machine())
     return f"{cpu}, {os.cpu_count()} cores, torch {torch.__version__}, TRL {trl_version()}"
 
 
