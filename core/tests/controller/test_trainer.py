@@ -155,6 +155,16 @@ def spy(trainer: Trainer, seen: list) -> None:
     rollout.generate, actor.train = spy_generate, spy_train
 
 
+def fit_spied(trainer: Trainer) -> tuple[list, list]:
+    """Train to the end (then close), recording the released tags at each phase (:func:`spy`)."""
+    seen: list = []
+    spy(trainer, seen)
+    try:
+        return trainer.fit(), seen
+    finally:
+        trainer.close()
+
+
 def test_colocated_roles_release_memory_around_each_phase(tmp_path, tiny_model_path):
     files = task.write_task(tmp_path / "task")
     trainer = make_trainer(
@@ -166,12 +176,7 @@ def test_colocated_roles_release_memory_around_each_phase(tmp_path, tiny_model_p
         trainer__val_before_train="false",
         trainer__device="fake",  # a device with memory of its own (the CPU platform releases nothing)
     )
-    seen: list = []
-    spy(trainer, seen)
-    try:
-        records = trainer.fit()
-    finally:
-        trainer.close()
+    records, seen = fit_spied(trainer)
     steps = [r for r in records if "timing/step" in r]
     assert len(steps) == 2
     for record in steps:  # the moves' time, a part of the step's
@@ -194,12 +199,7 @@ def test_colocated_roles_on_cpus_release_nothing(tmp_path, tiny_model_path):
     trainer = make_trainer(
         tmp_path, files, tiny_model_path, trainer__total_steps=1, trainer__release_train_in_rollout="true"
     )
-    seen: list = []
-    spy(trainer, seen)
-    try:
-        records = trainer.fit()
-    finally:
-        trainer.close()
+    records, seen = fit_spied(trainer)
     assert seen and all(state == {"rollout": set(), "actor": set(), "reference": set()} for _, state in seen)
     assert [r["timing/release_resume"] for r in records if "timing/step" in r] == [0.0]
 
@@ -214,12 +214,7 @@ def test_split_placement_releases_nothing(tmp_path, tiny_model_path):
         trainer__placement="split",
         trainer__release_train_in_rollout="true",
     )
-    seen: list = []
-    spy(trainer, seen)
-    try:
-        trainer.fit()
-    finally:
-        trainer.close()
+    _, seen = fit_spied(trainer)
     assert seen and all(not tags for _, state in seen for tags in state.values())
 
 
