@@ -58,10 +58,20 @@ class MegatronConfig:
     make_vocab_size_divisible_by: int = attrs.field(default=128, validator=_positive)
     #: Adam epsilon.
     adam_eps: float = 1e-8
+    #: Drop padding and pack each micro-batch's sequences into one row (Megatron's ``thd`` layout, rotary
+    #: positions restarting at 0 per sequence); attention stays within each sequence through PyTorch's flash
+    #: var-len kernel where the device has it, one SDPA call per sequence elsewhere. Needs
+    #: ``transformer_impl: local``. With ``max_tokens_per_micro_batch``, micro-batches are cut by real tokens.
+    use_remove_padding: bool = False
 
     def __attrs_post_init__(self) -> None:
         if self.sequence_parallel and self.transformer_impl != "transformer_engine":
             raise ValueError(
                 "megatron.sequence_parallel needs megatron.transformer_impl=transformer_engine: "
                 "megatron-core's local RMSNorm does not support sequence parallelism"
+            )
+        if self.use_remove_padding and self.transformer_impl != "local":
+            raise ValueError(
+                "megatron.use_remove_padding puts rlcore's packed attention into megatron-core's local layer "
+                "spec; it needs megatron.transformer_impl=local (Transformer Engine's own thd path is untested)"
             )

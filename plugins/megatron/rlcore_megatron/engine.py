@@ -27,6 +27,7 @@ from megatron.core.distributed import (
 )
 from megatron.core.optimizer import OptimizerConfig, get_megatron_optimizer
 from megatron.core.optimizer_param_scheduler import OptimizerParamScheduler
+from megatron.core.packed_seq_params import PackedSeqParams
 from megatron.core.pipeline_parallel import get_forward_backward_func
 from rlcore.api import Batch, DistInfo, EngineSpec, LossFn, TrainEngine, WeightBucket
 from rlcore.weights import bucketize
@@ -53,7 +54,15 @@ from rlcore_megatron.parallel import (
     init_process_groups,
     with_stage_layers,
 )
-from rlcore_megatron.sequences import Aligned, left_align, micro_batches, response_columns, restore
+from rlcore_megatron.sequences import (
+    Aligned,
+    Packed,
+    left_align,
+    micro_batches,
+    pack,
+    response_columns,
+    restore,
+)
 from rlcore_megatron.vocab_parallel import log_probs_and_entropy
 
 HEAD_OUTPUTS = {"lm": ("log_probs", "entropy"), "value": ("values",), "score": ("scores",)}
@@ -68,10 +77,30 @@ def _finalize_grads(model_chunks, num_tokens=None, *args, **kwargs):
 
 @attrs.frozen
 class _Micro:
-    """A micro-batch on the device and its left-aligned tokens."""
+    """A micro-batch on the device, its left-aligned tokens and (``megatron.use_remove_padding``) the
+    same tokens packed into one row."""
 
     batch: Batch
     aligned: Aligned
+    packed: Packed | None = None
+
+    def model_inputs(self) -> tuple[torch.Tensor, torch.Tensor, PackedSeqParams | None]:
+        """``(input_ids, position_ids, packed_seq_params)`` for ``GPTModel``."""
+        if self.packed is None:
+            return self.aligned.tokens, self.aligned.position_ids, None
+        p = self.packed
+        params = PackedSeqParams(
+            qkv_format="thd",
+            cu_seqlens_q=p.cu_seqlens,
+            cu_seqlens_kv=p.cu_seqlens,
+            max_seqlen_q=p.max_seqlen,
+            max_seqlen_kv=p.max_seqlen,
+        )
+        return p.tokens, p.position_ids, params
+
+    def per_position(self, values: torch.Tensor) -> torch.Tensor:
+        """Model outputs ``[b, L, ...]`` or packed ``[1, T, ...]`` -> ``[b, L, ...]`` on aligned positions."""
+        return values if self.packed is None else self.packed.unpack(values, self.aligned)
 
 
 #: Set on ``torch.cuda`` by this plugin's test redirect (``tests/mcore_cpu_redirect.py``), which runs
@@ -235,35 +264,43 @@ class MegatronEngine(TrainEngine):
         out = []
         for mb in batches:
             mb = Batch({k: v.to(self.device) for k, v in mb.tensors.items()}, mb.objects, mb.meta)
-            out.append(_Micro(mb, left_align(mb["input_ids"], mb["attention_mask"], multiple)))
+            aligned = left_align(mb["input_ids"], mb["attention_mask"], multiple)
+            out.append(_Micro(mb, aligned, pack(aligned) if self.config.use_remove_padding else None))
         return out
 
     def _head_outputs(
         self, output: torch.Tensor, micro: _Micro, wanted: Sequence[str]
     ) -> dict[str, torch.Tensor]:
-        """``output [b, L, V/tp]`` (logits) or ``[b, L, 1]`` (scalar head) -> the requested fields."""
+        """``output [b, L, V/tp]`` (logits) or ``[b, L, 1]`` (scalar head), packed ``[1, T, ...]`` with
+        ``megatron.use_remove_padding`` -> the requested fields."""
         aligned = micro.aligned
         if self.spec.head == "score":
-            rows = torch.arange(output.shape[0], device=output.device)
-            return {"scores": output[rows, (aligned.lengths - 1).clamp(min=0), 0].float()}
+            scores = micro.per_position(output[..., 0])
+            rows = torch.arange(scores.shape[0], device=output.device)
+            return {"scores": scores[rows, (aligned.lengths - 1).clamp(min=0)].float()}
         if "responses" not in micro.batch:
             raise KeyError("the batch needs 'responses [b, R]' to place per-token outputs on the response")
         width = micro.batch["responses"].shape[1]
         if self.spec.head == "value":
-            return {"values": response_columns(restore(output[..., 0].float(), aligned), width)}
+            return {
+                "values": response_columns(
+                    restore(micro.per_position(output[..., 0].float()), aligned), width
+                )
+            }
         vocab_local = output.shape[-1]
+        # Log-probs where the logits are (packed: no padding rows of vocabulary-wide logits), then placed.
         log_probs, entropy = log_probs_and_entropy(
             output,
-            aligned.next_tokens(),
+            aligned.next_tokens() if micro.packed is None else micro.packed.next_tokens(),
             vocab_start=self.layout.tp_rank * vocab_local,
             vocab_size=self.shape.vocab_size,
             group=mpu.get_tensor_model_parallel_group() if self.layout.tp_size > 1 else None,
             temperature=self.spec.temperature,
             with_entropy="entropy" in wanted,
         )
-        out = {"log_probs": response_columns(restore(log_probs, aligned), width)}
+        out = {"log_probs": response_columns(restore(micro.per_position(log_probs), aligned), width)}
         if entropy is not None:
-            out["entropy"] = response_columns(restore(entropy, aligned), width)
+            out["entropy"] = response_columns(restore(micro.per_position(entropy), aligned), width)
         return out
 
     def _run(self, micros: list[_Micro], forward_only: bool, reduce_fn) -> list[dict]:
@@ -273,7 +310,8 @@ class MegatronEngine(TrainEngine):
 
         def forward_step(data_iterator, model):
             micro = next(data_iterator)
-            output = model(micro.aligned.tokens, micro.aligned.position_ids, None)
+            input_ids, position_ids, packed_seq_params = micro.model_inputs()
+            output = model(input_ids, position_ids, None, packed_seq_params=packed_seq_params)
 
             def loss_func(output_tensor):
                 loss, info = reduce_fn(output_tensor, micro)
@@ -286,8 +324,8 @@ class MegatronEngine(TrainEngine):
             data_iterator=iter(micros),
             model=self.model,
             num_microbatches=len(micros),
-            seq_length=max(m.aligned.tokens.shape[1] for m in micros),
-            micro_batch_size=max(m.aligned.tokens.shape[0] for m in micros),
+            seq_length=max(m.model_inputs()[0].shape[1] for m in micros),
+            micro_batch_size=max(m.model_inputs()[0].shape[0] for m in micros),
             forward_only=forward_only,
         )
 
@@ -302,7 +340,11 @@ class MegatronEngine(TrainEngine):
                 f"data-parallel rank {self.layout.dp_rank} got an empty batch; dispatch at least "
                 f"{self.layout.dp_size} rows (one per data-parallel rank)"
             )
-        return self._prepare(micro_batches(batch, size, self.spec.max_tokens_per_micro_batch))
+        return self._prepare(
+            micro_batches(
+                batch, size, self.spec.max_tokens_per_micro_batch, packed=self.config.use_remove_padding
+            )
+        )
 
     def train_step(self, batch: Batch, loss_fn: LossFn) -> dict[str, float]:
         if self.optimizer is None:

@@ -78,7 +78,12 @@ def layer_spec(cfg: MegatronConfig):
         return get_gpt_layer_with_transformer_engine_spec()
     from megatron.core.models.gpt.gpt_layer_specs import get_gpt_layer_local_spec
 
-    return get_gpt_layer_local_spec(normalization="RMSNorm")
+    spec = get_gpt_layer_local_spec(normalization="RMSNorm")
+    if cfg.use_remove_padding:
+        from rlcore_megatron.attention import PackedDotProductAttention
+
+        spec.submodules.self_attention.submodules.core_attention = PackedDotProductAttention
+    return spec
 
 
 class ScalarHead(torch.nn.Module):

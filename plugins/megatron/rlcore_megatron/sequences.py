@@ -61,6 +61,56 @@ def left_align(input_ids: torch.Tensor, attention_mask: torch.Tensor, multiple: 
     return Aligned(tokens=tokens, lead=lead, lengths=lengths, width=width)
 
 
+@attrs.frozen
+class Packed:
+    """The rows of an :class:`Aligned` packed into one row, padding removed (``megatron.use_remove_padding``).
+
+    ``tokens``/``position_ids [1, T]`` (positions restart at 0 per sequence), ``cu_seqlens [n+1]`` int32
+    (row ``r`` starts at ``cu_seqlens[r]``), ``max_seqlen`` (host int). ``T`` is the real token count, or
+    more when the pack is padded (an empty batch): the extra tokens form one more sequence, after the rows.
+    """
+
+    tokens: torch.Tensor
+    position_ids: torch.Tensor
+    cu_seqlens: torch.Tensor
+    max_seqlen: int
+
+    def next_tokens(self) -> torch.Tensor:
+        """``[1, T]``: the token each position predicts within its sequence (0 at a sequence's last
+        position, as in the padded layout; those positions are unused)."""
+        nxt = torch.zeros_like(self.tokens)
+        nxt[:, :-1] = self.tokens[:, 1:]
+        cu = self.cu_seqlens.long()
+        last = self.tokens.shape[1] - 1  # always a sequence's end: empty sequences point there
+        nxt[0, torch.where(cu[1:] > cu[:-1], cu[1:] - 1, last)] = 0
+        return nxt
+
+    def unpack(self, values: torch.Tensor, aligned: Aligned) -> torch.Tensor:
+        """``values [1, T, ...]`` on packed positions -> ``[b, L, ...]`` on ``aligned`` positions (positions
+        past a row's length hold values of other rows: :func:`restore` drops them). Differentiable."""
+        length = aligned.tokens.shape[1]
+        rows = aligned.lengths.shape[0]
+        src = self.cu_seqlens[:rows, None].long() + torch.arange(length, device=values.device)
+        return values[0][src.clamp(max=values.shape[1] - 1)]
+
+
+def pack(aligned: Aligned) -> Packed:
+    """Pack the real tokens of ``aligned``'s rows into one row (one host sync for the sizes)."""
+    lengths = aligned.lengths
+    device = aligned.tokens.device
+    total, longest = (int(x) for x in torch.stack([lengths.sum(), lengths.max()]).tolist())
+    cu = torch.zeros(len(lengths) + 1, dtype=torch.int32, device=device)
+    cu[1:] = lengths.cumsum(0)
+    keep = torch.arange(aligned.tokens.shape[1], device=device) < lengths[:, None]
+    tokens = aligned.tokens[keep]
+    positions = aligned.position_ids[keep]
+    if total == 0:  # nothing real: one pad token as its own sequence keeps every shape non-empty
+        tokens, positions = tokens.new_zeros(1), positions.new_zeros(1)
+        cu = torch.cat([cu, cu.new_ones(1)])
+        longest = 1
+    return Packed(tokens=tokens[None], position_ids=positions[None], cu_seqlens=cu, max_seqlen=longest)
+
+
 def restore(values: torch.Tensor, aligned: Aligned) -> torch.Tensor:
     """``values [b, L]`` on aligned positions -> ``[b, S]`` on the original columns (0 on padding).
 
@@ -81,19 +131,24 @@ def response_columns(per_position: torch.Tensor, response_length: int) -> torch.
     return per_position[:, width - response_length - 1 : width - 1]
 
 
-def micro_batches(batch: Batch, size: int, max_tokens: int | None = None) -> list[Batch]:
+def micro_batches(
+    batch: Batch, size: int, max_tokens: int | None = None, packed: bool = False
+) -> list[Batch]:
     """Consecutive micro-batches of at most ``size`` rows, or (with ``max_tokens``) as many rows as
-    fit ``rows * longest_real_length <= max_tokens`` (a longer row goes alone). Order is kept, so
-    per-micro-batch outputs concatenate back into the batch's order."""
+    fit ``rows * longest_real_length <= max_tokens`` (``packed``: ``sum of real lengths <= max_tokens``;
+    a longer row goes alone). Order is kept, so per-micro-batch outputs concatenate back into the
+    batch's order."""
     if max_tokens is None:
         return batch.split(size)
     lengths = batch["attention_mask"].sum(1).tolist()
-    pieces, start, longest = [], 0, 0
+    pieces, start, longest, total = [], 0, 0, 0
     for i, n in enumerate(lengths):
         longest_with = max(longest, int(n))
-        if i > start and (i - start + 1) * longest_with > max_tokens:
+        total += int(n)
+        cost = total if packed else (i - start + 1) * longest_with
+        if i > start and cost > max_tokens:
             pieces.append(batch.index(slice(start, i)))
-            start, longest_with = i, int(n)
+            start, longest_with, total = i, int(n), int(n)
         longest = longest_with
     if len(batch):
         pieces.append(batch.index(slice(start, len(batch))))

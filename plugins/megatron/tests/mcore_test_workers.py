@@ -23,7 +23,7 @@ def _setup():
     mcore_cpu_redirect.install()
 
 
-def _engine(path, rank, world, port, *, tp=1, pp=1, dp_opt=True, **spec):
+def _engine(path, rank, world, port, *, tp=1, pp=1, dp_opt=True, remove_padding=False, **spec):
     from rlcore.api import DistInfo, EngineSpec
     from rlcore.devices import get_platform
     from rlcore_megatron.config import MegatronConfig
@@ -37,12 +37,23 @@ def _engine(path, rank, world, port, *, tp=1, pp=1, dp_opt=True, **spec):
         pipeline_model_parallel_size=pp,
         use_distributed_optimizer=dp_opt,
         adam_eps=ADAM_EPS,
+        use_remove_padding=remove_padding,
     )
     return MegatronEngine(
         EngineSpec(model_path=str(path), **{**defaults, **spec}),
         cfg,
         get_platform("cpu"),
         DistInfo(rank=rank, world_size=world, master_port=port),
+    )
+
+
+def hf_step(model, batch):
+    """One HF AdamW step of ``nll_loss`` with the optimiser settings :func:`_engine` gives the engines
+    (``mcore_testlib.hf_train_step``): ``(loss, grad_norm, weights after)``."""
+    from mcore_testlib import hf_train_step
+
+    return hf_train_step(
+        model, batch, lr=1e-3, betas=(0.9, 0.999), eps=ADAM_EPS, weight_decay=0.01, grad_clip=1.0
     )
 
 
@@ -131,6 +142,75 @@ def world1(rank, world, port, qwen, llama, batches, work_dir):
     r["llama_export"] = _export(ref)
     r["llama_infer"] = _infer(ref, lb, ("log_probs", "entropy"))
     _save(r, work, "world1", rank)
+
+
+def _grads(engine):
+    """The gradients the last ``train_step`` left in Megatron's buffers, by local parameter name."""
+    return {n: p.main_grad.detach().clone() for n, p in engine.module.named_parameters()}
+
+
+def _leaky_attention():
+    """Make the packed attention attend across the whole pack (one sequence), rotary positions left
+    per sequence: what a wrong mask would compute. Returns the undo."""
+    import torch
+    from rlcore_megatron import attention
+
+    right = attention.varlen_attention
+
+    def leaky(q, k, v, cu, max_len, scale):
+        whole = torch.tensor([0, q.shape[0]], dtype=cu.dtype, device=cu.device)
+        return right(q, k, v, whole, q.shape[0], scale)
+
+    attention.varlen_attention = leaky
+    return lambda: setattr(attention, "varlen_attention", right)
+
+
+def packed1(rank, world, port, qwen, batch, work_dir):
+    """``megatron.use_remove_padding`` in one process, against the padded path on the same batch."""
+    _setup()
+    from mcore_testlib import nll_loss, value_loss
+
+    r = {}
+    for name, packed in (("padded", False), ("packed", True)):
+        # micro_batch_size 3 over 4 rows: micro-batches of 3 and 1 sequences.
+        eng = _engine(qwen, rank, world, port, remove_padding=packed, micro_batch_size=3)
+        r[f"{name}_infer"] = _infer(eng, batch, ("log_probs", "entropy"))
+        if packed:
+            undo = _leaky_attention()
+            r["leaky_infer"] = _infer(eng, batch, ("log_probs",))
+            undo()
+        r[f"{name}_metrics"] = eng.train_step(batch, nll_loss)
+        r[f"{name}_grads"] = _grads(eng)
+        r[f"{name}_export1"] = _export(eng)
+        del eng
+        critic = _engine(qwen, rank, world, port, head="value", seed=3, remove_padding=packed)
+        r[f"{name}_values"] = _infer(critic, batch, ("values",))
+        r[f"{name}_critic_metrics"] = critic.train_step(batch, value_loss)
+        del critic
+        reward = _engine(qwen, rank, world, port, head="score", trainable=False, remove_padding=packed)
+        r[f"{name}_scores"] = _infer(reward, batch, ("scores",))
+        del reward
+    # Micro-batches cut by real tokens (7 + 6 + ...: the rows' lengths are 11, 6, 9, 5).
+    eng = _engine(qwen, rank, world, port, remove_padding=True, max_tokens_per_micro_batch=16)
+    r["packed_tokens_infer"] = _infer(eng, batch, ("log_probs", "entropy"))
+    _save(r, Path(work_dir), "packed1", rank)
+
+
+def packed2(rank, world, port, qwen, batch, work_dir):
+    """``megatron.use_remove_padding`` on two ranks: TP=2, then PP=2."""
+    _setup()
+    from mcore_testlib import nll_loss
+    from megatron.core import parallel_state as mpu
+
+    r = {}
+    for layout, kwargs in (("tp2", {"tp": 2}), ("pp2", {"pp": 2})):
+        eng = _engine(qwen, rank, world, port, remove_padding=True, **kwargs)
+        r[f"{layout}_infer"] = _infer(eng, batch, ("log_probs", "entropy"))
+        r[f"{layout}_metrics"] = eng.train_step(batch, nll_loss)
+        r[f"{layout}_export1"] = _export(eng)
+        del eng
+        mpu.destroy_model_parallel()
+    _save(r, Path(work_dir), "packed2", rank)
 
 
 class _Planted:

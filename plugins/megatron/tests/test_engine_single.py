@@ -16,7 +16,6 @@ from mcore_testlib import (
     assert_same_weights,
     hf_model,
     hf_response_outputs,
-    hf_train_step,
     make_batch,
     spawn,
 )
@@ -52,15 +51,7 @@ def test_log_probs_and_entropy_equal_hf(run, qwen):
 
 def test_train_step_matches_one_hf_adamw_step(run, qwen):
     results, (b1, _, _), _ = run
-    loss, grad_norm, after = hf_train_step(
-        qwen,
-        b1,
-        lr=1e-3,
-        betas=(0.9, 0.999),
-        eps=mcore_test_workers.ADAM_EPS,
-        weight_decay=0.01,
-        grad_clip=1.0,
-    )
+    loss, grad_norm, after = mcore_test_workers.hf_step(qwen, b1)
     metrics = results["metrics1"]
     assert metrics["loss"] == pytest.approx(loss, abs=ATOL)
     assert metrics["grad_norm"] == pytest.approx(grad_norm, rel=1e-4)

@@ -16,7 +16,6 @@ from mcore_testlib import (
     assert_same_weights,
     hf_model,
     hf_response_outputs,
-    hf_train_step,
     make_batch,
     spawn,
 )
@@ -39,15 +38,7 @@ def qwen(tiny_qwen):
 
 @pytest.fixture(scope="module")
 def hf_step(qwen):
-    return hf_train_step(
-        qwen,
-        make_batch(1, 1024),
-        lr=1e-3,
-        betas=(0.9, 0.999),
-        eps=mcore_test_workers.ADAM_EPS,
-        weight_decay=0.01,
-        grad_clip=1.0,
-    )
+    return mcore_test_workers.hf_step(qwen, make_batch(1, 1024))
 
 
 @pytest.mark.parametrize(("layout", "holder"), [("tp2", 0), ("pp2", 1)])

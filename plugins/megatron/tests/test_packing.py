@@ -1,0 +1,171 @@
+"""``megatron.use_remove_padding``: each micro-batch's sequences packed into one row (Megatron's ``thd``
+layout) with rlcore's var-len core attention in the local layer spec.
+
+The packed engine's log-probs are checked against the Hugging Face model (an independent reference) at
+TP=1, TP=2 and PP=2, and its training step (loss, gradients, updated weights) against the padded path's
+on the same batch. A packed attention that lets sequences see each other is shown to fail the reference
+check, so the check can catch a wrong mask.
+"""
+
+from __future__ import annotations
+
+import mcore_test_workers
+import pytest
+import torch
+from mcore_testlib import (
+    ATOL,
+    assert_same_weights,
+    hf_model,
+    hf_response_outputs,
+    make_batch,
+    spawn,
+)
+from rlcore.api import Batch
+from rlcore_megatron.config import MegatronConfig
+from rlcore_megatron.sequences import left_align, micro_batches, pack
+
+
+def batch():
+    """Four rows of 11, 6, 9 and 5 real tokens (left-padded prompts, right-padded responses)."""
+    return make_batch(1, 1024)
+
+
+@pytest.fixture(scope="module")
+def qwen(tiny_qwen):
+    return hf_model(tiny_qwen)
+
+
+@pytest.fixture(scope="module")
+def hf_step(qwen):
+    """``(loss, grad_norm, weights after)`` of one HF AdamW step on :func:`batch`, as the workers train."""
+    return mcore_test_workers.hf_step(qwen, batch())
+
+
+@pytest.fixture(scope="module")
+def one(tiny_qwen, tmp_path_factory):
+    work = tmp_path_factory.mktemp("megatron_packed1")
+    spawn(mcore_test_workers.packed1, 1, str(tiny_qwen), batch(), str(work))
+    return torch.load(work / "packed1_rank0.pt", weights_only=False)
+
+
+@pytest.fixture(scope="module")
+def two(tiny_qwen, tmp_path_factory):
+    work = tmp_path_factory.mktemp("megatron_packed2")
+    spawn(mcore_test_workers.packed2, 2, str(tiny_qwen), batch(), str(work))
+    return [torch.load(work / f"packed2_rank{r}.pt", weights_only=False) for r in range(2)]
+
+
+def assert_equal_hf(out, qwen, atol=ATOL):
+    b = batch()
+    ref_logp, ref_entropy = hf_response_outputs(qwen, b)
+    mask = b["response_mask"].bool()
+    assert out["log_probs"].shape == b["responses"].shape
+    torch.testing.assert_close(out["log_probs"].double()[mask], ref_logp[mask], rtol=0, atol=atol)
+    torch.testing.assert_close(out["entropy"].double()[mask], ref_entropy[mask], rtol=0, atol=atol)
+
+
+# -- packing itself (no Megatron) ------------------------------------------------------------------
+def test_pack_drops_padding_and_restarts_positions():
+    b = batch()
+    aligned = left_align(b["input_ids"], b["attention_mask"])
+    packed = pack(aligned)
+    lengths = [11, 6, 9, 5]
+    assert aligned.lengths.tolist() == lengths
+    assert packed.cu_seqlens.tolist() == [0, 11, 17, 26, 31] and packed.max_seqlen == 11
+    assert packed.cu_seqlens.dtype == torch.int32
+    real = [row[row != 0] for row in b["input_ids"]]  # make_batch draws real tokens >= 3
+    assert packed.tokens[0].tolist() == torch.cat(real).tolist()
+    assert packed.position_ids[0].tolist() == [p for n in lengths for p in range(n)]
+    nxt = packed.next_tokens()[0]
+    assert nxt.tolist() == [t for r in real for t in [*r[1:].tolist(), 0]]
+    # unpack puts packed values back on the aligned positions of each row
+    values = torch.arange(31.0)[None, :, None]
+    back = packed.unpack(values, aligned)[..., 0]
+    for row, (start, n) in enumerate(zip([0, 11, 17, 26], lengths, strict=True)):
+        assert back[row, :n].tolist() == list(range(start, start + n))
+
+
+def test_pack_of_empty_rows_keeps_shapes_non_empty():
+    aligned = left_align(torch.zeros(2, 4, dtype=torch.long), torch.zeros(2, 4, dtype=torch.long))
+    packed = pack(aligned)
+    assert packed.tokens.shape == (1, 1) and packed.cu_seqlens.tolist() == [0, 0, 0, 1]
+    assert packed.next_tokens().tolist() == [[0]]
+
+
+def test_packed_micro_batches_are_cut_by_real_tokens():
+    b = batch()  # real lengths 11, 6, 9, 5
+    padded = [len(mb) for mb in micro_batches(b, 4, max_tokens=18)]
+    packed = [len(mb) for mb in micro_batches(b, 4, max_tokens=18, packed=True)]
+    assert padded == [1, 2, 1] and packed == [2, 2]  # 11 | 6+9 (2x9) | 5 against 11+6 | 9+5
+    assert [len(mb) for mb in micro_batches(Batch(b.tensors), 4, max_tokens=4, packed=True)] == [1] * 4
+
+
+def test_config_default_off_and_refused_with_transformer_engine():
+    assert MegatronConfig().use_remove_padding is False
+    with pytest.raises(ValueError, match="transformer_impl=local"):
+        MegatronConfig(use_remove_padding=True, transformer_impl="transformer_engine")
+
+
+# -- the engine, one process -----------------------------------------------------------------------
+def test_packed_log_probs_and_entropy_equal_hf(one, qwen):
+    assert_equal_hf(one["packed_infer"], qwen)
+    assert_equal_hf(one["packed_tokens_infer"], qwen)  # micro-batches cut by tokens
+
+
+def test_attending_across_sequences_would_fail_the_hf_check(one, qwen):
+    """The same packed engine with attention over the whole pack (positions still per sequence):
+    the rows packed after another row move far outside the tolerance, so the check above can fail."""
+    b = batch()
+    ref_logp, _ = hf_response_outputs(qwen, b)
+    mask = b["response_mask"].bool()
+    diff = (one["leaky_infer"]["log_probs"].double() - ref_logp).abs().where(mask, 0).amax(1)
+    # micro-batches of 3 and 1 rows: rows 1 and 2 follow another sequence in their pack
+    assert diff[1] > 100 * ATOL and diff[2] > 100 * ATOL
+    assert diff[0] < ATOL and diff[3] < ATOL
+    with pytest.raises(AssertionError):
+        assert_equal_hf({**one["packed_infer"], "log_probs": one["leaky_infer"]["log_probs"]}, qwen)
+
+
+def test_packed_train_step_equals_padded(one):
+    """Loss, gradient norm, every gradient and the updated weights: packing changes nothing but the
+    summation order inside attention."""
+    assert one["packed_metrics"]["loss"] == pytest.approx(one["padded_metrics"]["loss"], abs=1e-6)
+    assert one["packed_metrics"]["grad_norm"] == pytest.approx(one["padded_metrics"]["grad_norm"], rel=1e-6)
+    assert one["packed_metrics"]["lr"] == one["padded_metrics"]["lr"]
+    assert_same_weights(one["packed_grads"], one["padded_grads"], atol=1e-6)
+    assert max(g.abs().max() for g in one["padded_grads"].values()) > 1e-2  # not vacuous
+    assert_same_weights(one["packed_export1"], one["padded_export1"], atol=1e-6)
+
+
+def test_packed_value_and_score_heads_equal_padded(one):
+    mask = batch()["response_mask"].bool()
+    torch.testing.assert_close(
+        one["packed_values"]["values"][mask], one["padded_values"]["values"][mask], rtol=0, atol=ATOL
+    )
+    torch.testing.assert_close(
+        one["packed_scores"]["scores"], one["padded_scores"]["scores"], rtol=0, atol=ATOL
+    )
+    critic = one["packed_critic_metrics"], one["padded_critic_metrics"]
+    assert critic[0]["loss"] == pytest.approx(critic[1]["loss"], abs=1e-6)
+    assert critic[0]["grad_norm"] == pytest.approx(critic[1]["grad_norm"], rel=1e-6)
+
+
+def test_packed_train_step_matches_one_hf_adamw_step(one, hf_step):
+    loss, grad_norm, after = hf_step
+    assert one["packed_metrics"]["loss"] == pytest.approx(loss, abs=ATOL)
+    assert one["packed_metrics"]["grad_norm"] == pytest.approx(grad_norm, rel=1e-4)
+    assert_same_weights(one["packed_export1"], after, atol=1e-6)
+
+
+# -- the engine, two ranks -------------------------------------------------------------------------
+@pytest.mark.distributed
+@pytest.mark.parametrize(("layout", "holder"), [("tp2", 0), ("pp2", 1)])
+def test_packed_two_ranks_equal_hf(two, qwen, hf_step, layout, holder):
+    assert two[1 - holder][f"{layout}_infer"] is None
+    assert_equal_hf(two[holder][f"{layout}_infer"], qwen)
+    loss, grad_norm, after = hf_step
+    metrics = [r[f"{layout}_metrics"] for r in two]
+    assert metrics[0] == metrics[1]
+    assert metrics[0]["loss"] == pytest.approx(loss, abs=ATOL)
+    assert metrics[0]["grad_norm"] == pytest.approx(grad_norm, rel=1e-4)
+    assert_same_weights(two[holder][f"{layout}_export1"], after, atol=1e-6)
