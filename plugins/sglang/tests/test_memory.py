@@ -27,6 +27,9 @@ class TrainHandle:
     def resume(self, tags):
         pass
 
+    def empty_cache(self):  # the plan hands a resident role's cached blocks back before the rollout resumes
+        pass
+
 
 def test_a_colocated_step_releases_and_resumes_each_tag_once():
     tags = MemoryTags(memory_saver=True, weights_backup=False, cuda_graph=True)
