@@ -131,7 +131,7 @@ class SGLangRollout(RolloutEngine):
     def generate(self, prompts: Sequence[Sequence[int]], params: SamplingParams) -> list[list[Completion]]:
         rows = self._check_request(prompts, params)
         expanded = [(row, seed) for i, row in enumerate(rows) for seed in request_seeds(params, i)]
-        future = self._loop.submit(lambda: self._generate(expanded, params))
+        future = self._loop.submit(lambda: self._generate(expanded, params, own_ids=False))
         try:
             completions = future.result()
         except BaseException:
@@ -145,25 +145,38 @@ class SGLangRollout(RolloutEngine):
         each other and with ``generate`` calls. Cancelling the awaiting task aborts its requests."""
         (row,) = self._check_request([prompt], params)
         expanded = [(row, seed) for seed in request_seeds(params, 0)]
-        return await asyncio.wrap_future(self._loop.submit(lambda: self._generate(expanded, params)))
+        return await asyncio.wrap_future(
+            self._loop.submit(lambda: self._generate(expanded, params, own_ids=True))
+        )
 
     async def _generate(
-        self, rows: list[tuple[list[int], int | None]], params: SamplingParams
+        self, rows: list[tuple[list[int], int | None]], params: SamplingParams, *, own_ids: bool
     ) -> list[Completion]:
         """One batched SGLang request on the engine loop; on cancellation its requests are aborted in
-        SGLang (which otherwise keeps decoding them)."""
+        SGLang (which otherwise keeps decoding them).
+
+        ``own_ids`` (``agenerate``: other calls share the engine): the requests get ids of their own, and
+        a cancellation aborts exactly them. SGLang's scheduler aborts every request whose id *starts
+        with* the given one, so the ids have a fixed width (none is a prefix of another). Without
+        (``generate``'s whole batch): SGLang names the requests, and a cancellation aborts everything the
+        engine runs. Explicit ids made SGLang's batches of 256 slower, now and then by a third (plugin
+        / raw 0.87 with them, 0.977 without: ``benchmarks/gpu/sglang_rid_probe.py``).
+        """
         engine = self._loop.engine
-        rids = [f"rlcore-{self._run_id}-{next(self._ids)}" for _ in rows]
+        rids = [f"rlcore-{self._run_id}-{next(self._ids):012d}" for _ in rows] if own_ids else None
         try:
             outputs = await engine.async_generate(
                 input_ids=[row for row, _ in rows],
                 sampling_params=[to_sglang(params, seed) for _, seed in rows],
                 return_logprob=params.logprobs,
-                rid=rids,
+                **({"rid": rids} if own_ids else {}),
             )
         except asyncio.CancelledError:
-            for rid in rids:
-                engine.tokenizer_manager.abort_request(rid)
+            if rids is None:
+                engine.tokenizer_manager.abort_request(abort_all=True)
+            else:
+                for rid in rids:
+                    engine.tokenizer_manager.abort_request(rid)
             raise
         if isinstance(outputs, dict):  # a batch of one may come back unwrapped
             outputs = [outputs]
