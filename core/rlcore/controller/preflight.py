@@ -28,6 +28,7 @@ def check_run(config: Any) -> None:
         *_model_problems(config),
         *_file_problems(config),
         *_reward_model_problems(config),
+        *_placement_problems(config),
     ]
     if problems:
         raise invalid_config(problems)
@@ -135,6 +136,29 @@ def _reward_model_problems(config: Any) -> list[str]:
     from rlcore.rewards.model_config import reward_model_problems
 
     return reward_model_problems(config)
+
+
+def _placement_problems(config: Any) -> Iterator[str]:
+    """``trainer.placement=hybrid`` builds each rollout replica inside one actor rank's process and loads
+    its weights there: what that rules out, by the key to change (:mod:`rlcore.controller.placement`)."""
+    if config.trainer.placement != "hybrid":
+        return
+    why = "with trainer.placement=hybrid each rollout replica lives in one actor rank's process"
+    if config.rollout.tensor_parallel_size != 1:
+        yield (
+            f"'rollout.tensor_parallel_size': {why}, so it must be 1 (got {config.rollout.tensor_parallel_size}); "
+            "use trainer.placement=colocated for tensor-parallel rollout engines"
+        )
+    if config.rollout.num_engines > config.actor.world_size:
+        yield (
+            f"'rollout.num_engines': {why}, so at most actor.world_size ({config.actor.world_size}) replicas "
+            f"fit (got {config.rollout.num_engines})"
+        )
+    if config.transport.name not in ("auto", "inprocess"):
+        yield (
+            f"'transport.name': {why} and loads the weights there without a transport; set it to auto, or "
+            f"use trainer.placement=colocated to send weights with {config.transport.name!r}"
+        )
 
 
 def _file_problems(config: Any) -> Iterator[str]:

@@ -226,6 +226,28 @@ def test_check_run_passes_the_defaults_and_a_ppo_run():
     check_run(load_config(overrides=["algorithm.name=ppo", "transport.name=broadcast", "trainer.device=cpu"]))
 
 
+def test_check_run_refuses_what_the_hybrid_placement_cannot_do():
+    from rlcore.controller.preflight import check_run
+
+    check_run(
+        load_config(overrides=["trainer.placement=hybrid", "actor.world_size=2", "rollout.num_engines=2"])
+    )
+    config = load_config(
+        overrides=[
+            "trainer.placement=hybrid",
+            "rollout.tensor_parallel_size=2",
+            "rollout.num_engines=2",
+            "transport.name=ray",
+        ]
+    )
+    with pytest.raises(ConfigError) as err:
+        check_run(config)
+    message = str(err.value)
+    assert "'rollout.tensor_parallel_size': with trainer.placement=hybrid" in message
+    assert "'rollout.num_engines': with trainer.placement=hybrid" in message and "(got 2)" in message
+    assert "'transport.name': with trainer.placement=hybrid" in message and "'ray'" in message
+
+
 def test_check_run_names_every_problem_it_finds(tmp_path):
     from rlcore.controller.preflight import check_run
 
