@@ -13,7 +13,7 @@ machines. A role's rank ``r`` runs on bundle ``r`` of its pool and takes ``share
 ``hybrid``
     as ``colocated``, but each rollout replica is built inside an actor rank's process (verl's "hybrid
     engine"): it reserves nothing of its own, and loads the actor's weights in memory, without a
-    transport (:meth:`~rlcore.controller.ray_group.RayGroup.hosted`). Replica ``r`` lives with the
+    transport (:class:`~rlcore.controller.ray_group.RayGroup` with a ``host``). Replica ``r`` lives with the
     actor's ``r``-th rank holding full weights; tensor-parallel replicas are not supported there.
 
 A rollout replica with ``tensor_parallel_size = t`` owns bundles ``[i*t, (i+1)*t)`` of its pool; its

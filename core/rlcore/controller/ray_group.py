@@ -43,7 +43,7 @@ class _RayHost:
     its engine still gets a report with its log, and an exception there arrives as a task error.
 
     A host may hold workers of several roles, by role name: with ``trainer.placement=hybrid`` a rollout
-    replica is built inside an actor rank's process (:meth:`RayGroup.hosted`)."""
+    replica is built inside an actor rank's process (:class:`RayGroup`'s ``host``)."""
 
     def __init__(self, role: str, rank: int):
         self.role, self.rank = role, rank
@@ -152,6 +152,10 @@ class RayGroup:
     that several such groups fit on one machine; a run sizes its pools with
     :func:`~rlcore.controller.placement.placement_from_config` instead. Calls poll
     every ``poll_s`` seconds for dead ranks; ``call_timeout_s`` (``None``: no limit) bounds any call.
+
+    Given a ``host`` group, the ranks are built inside its actors instead (``trainer.placement=hybrid``:
+    rank ``r`` in the process of the host's ``r``-th output rank, in its slot); such a group stops no
+    actors at :meth:`shutdown` (the host owns them), only its own workers.
     """
 
     def __init__(
@@ -167,6 +171,7 @@ class RayGroup:
         start_timeout_s: float = 600.0,
         call_timeout_s: float | None = None,
         poll_s: float = 1.0,
+        host: RayGroup | None = None,
     ):
         if world_size < 1:
             raise ValueError(f"group {role!r} needs world_size >= 1, got {world_size}")
@@ -178,14 +183,19 @@ class RayGroup:
         self._actors: list[Any] = []
         self._built = False
         self._owned_pool: ResourcePool | None = None
-        #: the group whose actors host this one's workers (:meth:`hosted`); None: actors of its own
-        self.host: RayGroup | None = None
-        if slot is None:
+        #: the group whose actors host this one's workers; None: actors of its own
+        self.host = host
+        if host is not None:
+            slot = host.slot
+        elif slot is None:
             self._owned_pool = ResourcePool(f"{role}-pool", world_size, resource, STANDALONE_CPUS_PER_RANK)
             slot = PoolSlot(self._owned_pool)
         self.slot = slot
         try:
-            self._start(worker_cls, worker_kwargs, env_vars, start_timeout_s)
+            if host is None:
+                self._start(worker_cls, worker_kwargs, env_vars, start_timeout_s)
+            else:
+                self._start_in(host, worker_cls, worker_kwargs)
         except BaseException:
             self.shutdown()
             raise
@@ -222,43 +232,25 @@ class RayGroup:
         self.output_ranks = list(self._topology.output_ranks)
         self._built = True
 
-    @classmethod
-    def hosted(
-        cls,
-        host: RayGroup,
-        role: str,
-        worker_cls: type,
-        worker_kwargs: Callable[[int, DistInfo], dict[str, Any]],
-        world_size: int,
-        *,
-        call_timeout_s: float | None = None,
-        poll_s: float = 1.0,
-    ) -> RayGroup:
-        """``world_size`` workers of ``role`` built inside ``host``'s actors, rank ``r`` in the process of
-        ``host``'s output rank ``r`` (a rank that exports the full weights): the two roles share those
-        processes, their memory and their devices, and calls to either run one at a time there. The
-        group stops no actors at :meth:`shutdown` (``host`` owns them), only its own workers."""
+    def _start_in(self, host: RayGroup, worker_cls, worker_kwargs) -> None:
+        """Build rank ``r`` inside the process of ``host``'s output rank ``r`` (a rank that exports the
+        full weights): the two roles share those processes, their memory and their devices, and calls to
+        either run one at a time there."""
         host._check_usable()
-        if world_size > len(host.output_ranks):
+        if self.world_size > len(host.output_ranks):
             raise ValueError(
-                f"{role}: {world_size} replica(s) cannot live in the processes of {host.role}, which has "
-                f"{len(host.output_ranks)} rank(s) holding full weights ({host.output_ranks}); with "
+                f"{self.role}: {self.world_size} replica(s) cannot live in the processes of {host.role}, which "
+                f"has {len(host.output_ranks)} rank(s) holding full weights ({host.output_ranks}); with "
                 f"trainer.placement=hybrid use at most that many rollout.num_engines"
             )
-        group = cls.__new__(cls)
-        group.role, group.world_size = role, world_size
-        group.call_timeout_s, group.poll_s = call_timeout_s, poll_s
-        group._failure, group._owned_pool, group._built = None, None, False
-        group.host, group.slot = host, host.slot
-        ranks = host.output_ranks[:world_size]
-        group._actors = [host._actors[r] for r in ranks]
-        group._info = [dict(host._info[r], role=role, rank=i) for i, r in enumerate(ranks)]
+        ranks = host.output_ranks[: self.world_size]
+        self._actors = [host._actors[r] for r in ranks]
+        self._info = [dict(host._info[r], role=self.role, rank=i) for i, r in enumerate(ranks)]
         refs = [
-            actor.construct.remote(role, worker_cls, worker_kwargs(i, DistInfo(i, world_size)), {})
-            for i, actor in enumerate(group._actors)
+            actor.construct.remote(self.role, worker_cls, worker_kwargs(i, DistInfo(i, self.world_size)), {})
+            for i, actor in enumerate(self._actors)
         ]
-        group._set_topology(group._wait(refs, "__init__"))
-        return group
+        self._set_topology(self._wait(refs, "__init__"))
 
     # -- constructors for the two worker kinds ----------------------------------------------------
     @classmethod
@@ -302,7 +294,7 @@ class RayGroup:
         **options: Any,
     ) -> RayGroup:
         """The rollout role: ``num_engines`` :class:`RolloutWorker` replicas, in actors of their own or,
-        given ``host``, inside its actors (:meth:`hosted`)."""
+        given ``host``, inside its actors."""
 
         def kwargs(rank: int, dist: DistInfo) -> dict[str, Any]:
             return {
@@ -315,7 +307,7 @@ class RayGroup:
             }
 
         if host is not None:
-            return cls.hosted(host, "rollout", RolloutWorker, kwargs, num_engines, **options)
+            return cls("rollout", RolloutWorker, kwargs, num_engines, host=host, **options)
         return cls(
             "rollout", RolloutWorker, kwargs, num_engines, slot=slot, **_standalone(slot, device, options)
         )
