@@ -29,6 +29,7 @@ def check_run(config: Any) -> None:
         *_file_problems(config),
         *_reward_model_problems(config),
         *_placement_problems(config),
+        *_transport_problems(config),
     ]
     if problems:
         raise invalid_config(problems)
@@ -158,6 +159,30 @@ def _placement_problems(config: Any) -> Iterator[str]:
         yield (
             f"'transport.name': {why} and loads the weights there without a transport; set it to auto, or "
             f"use trainer.placement=colocated to send weights with {config.transport.name!r}"
+        )
+
+
+def _transport_problems(config: Any) -> Iterator[str]:
+    """A weight transport may work only with some placements or rollout engines; it says which in its
+    class attributes ``placements`` and ``rollout_engines`` (``sglang-distributed``: split, sglang)."""
+    from rlcore.plugins import registry
+
+    name = config.transport.name
+    if name in ("auto",) or _import_problem("transport.name", "weight_transports", name):
+        return
+    transport = registry("weight_transports").get(name)
+    placements = getattr(transport, "placements", None)
+    if placements and config.trainer.placement not in placements:
+        yield (
+            f"'transport.name': weight transport {name!r} works with trainer.placement "
+            f"{' or '.join(placements)}, not {config.trainer.placement!r}"
+        )
+    engines = getattr(transport, "rollout_engines", None)
+    rollout = resolve_rollout(config.rollout.engine)
+    if engines and rollout not in engines:
+        yield (
+            f"'transport.name': weight transport {name!r} loads rollout engine {' or '.join(engines)}, not "
+            f"{rollout!r}; set rollout.engine or choose another transport"
         )
 
 

@@ -316,13 +316,19 @@ def _join_weight_group(
         return
     master_addr = actor.group.ping()[sender].get("node_ip") or "127.0.0.1"
     port = actor.group.call_rank(sender, "free_port")
-    world_size = 1 + rollout.group.world_size
+    # Each engine takes one rank (its worker process) or, where the transport's receiving end is the
+    # engine itself, one per device it spans; ranks follow the replicas in order after the sender's 0.
+    spans = rollout.group.call_all("weight_group_ranks", name, transport)
+    offsets = [1 + sum(spans[:replica]) for replica in range(len(spans))]
+    world_size = 1 + sum(spans)
     wait_all(
         [
             actor.group.call_all_async(
                 "join_weight_group", name, transport, sender, world_size, master_addr, port
             ),
-            rollout.group.call_all_async("join_weight_group", name, transport, world_size, master_addr, port),
+            rollout.group.call_all_async(
+                "join_weight_group", name, transport, world_size, master_addr, port, offsets
+            ),
         ]
     )
     rollout._joined.add(key)

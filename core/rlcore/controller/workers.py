@@ -214,7 +214,11 @@ class Worker:
         from rlcore.transports import build_transport
 
         if name not in self._transports:
-            self._transports[name] = build_transport(transport_config_for(name, config), self.platform)
+            transport = build_transport(transport_config_for(name, config), self.platform)
+            attach = getattr(transport, "attach", None)
+            if callable(attach) and isinstance(self, RolloutWorker):
+                attach(self.engine)  # a transport whose receiving end is the engine itself
+            self._transports[name] = transport
         return self._transports[name]
 
     def _close_transports(self) -> None:
@@ -463,20 +467,41 @@ class RolloutWorker(Worker):
             self._agent = (key, build_agent_loop(self.engine, agent, tokenizer_path))
         return self._agent[1]
 
+    def weight_group_ranks(self, transport: str, transport_config: Any) -> int:
+        """How many ranks of a collective transport's group this replica takes: 1 (this process), or
+        what the transport says for a receiver that is the engine itself (``receiver_ranks()``: SGLang's
+        scheduler, one rank per tensor-parallel device)."""
+        receiver = self._transport(transport, transport_config)
+        ranks = getattr(receiver, "receiver_ranks", None)
+        return int(ranks()) if callable(ranks) else 1
+
     @reports_phase
     def join_weight_group(
-        self, transport: str, transport_config: Any, world_size: int, master_addr: str, port: int
+        self,
+        transport: str,
+        transport_config: Any,
+        world_size: int,
+        master_addr: str,
+        port: int,
+        first_ranks: Sequence[int] | None = None,
     ) -> None:
-        """Join a collective transport's group as receiver ``1 + replica`` (the sender is rank 0)."""
-        self._transport(transport, transport_config).init_group(1 + self.rank, world_size, master_addr, port)
+        """Join a collective transport's group as receiver ``first_ranks[replica]`` (default
+        ``1 + replica``; the sender is rank 0). A receiver spanning several ranks takes the ones from there."""
+        rank = 1 + self.rank if first_ranks is None else first_ranks[self.rank]
+        self._transport(transport, transport_config).init_group(rank, world_size, master_addr, port)
 
     @reports_phase
     def receive_weights(self, transport: str, transport_config: Any, handle: Any) -> dict[str, float]:
         """Load the weight stream behind ``handle`` (``None`` for a collective transport, which
-        receives while the sender sends); returns the transport's receive metrics."""
+        receives while the sender sends); returns the transport's receive metrics. A transport with
+        ``load_into(engine, handle)`` loads the engine itself (its tensors never pass through here)."""
         receiver = self._transport(transport, transport_config)
         start = time.perf_counter()
-        self.engine.load_weights(receiver.receive(handle))
+        load_into = getattr(receiver, "load_into", None)
+        if callable(load_into):
+            load_into(self.engine, handle)
+        else:
+            self.engine.load_weights(receiver.receive(handle))
         stats = dict(getattr(receiver, "last_receive_stats", {}))
         stats["sync/load_seconds"] = time.perf_counter() - start
         return stats

@@ -159,7 +159,7 @@ def test_auto_is_allowed_where_the_run_resolves_it():
     # Core's transports among the installed ones (plugins add more, e.g. rlcore-ascend's hccl).
     with pytest.raises(
         ConfigError,
-        match=r"'transport.name': .*Installed: broadcast, (\w+, )*inprocess, (\w+, )*ray; or auto",
+        match=r"'transport.name': .*Installed: broadcast, ([\w-]+, )*inprocess, ([\w-]+, )*ray(, [\w-]+)*; or auto",
     ):
         load_config(overrides=["transport.name=nope"])
     config = load_config(overrides=["transport.name=auto", "trainer.device=auto", "rollout.engine=auto"])

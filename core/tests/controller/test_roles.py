@@ -4,6 +4,7 @@ consecutive shards compute, weight sync through every transport, release/resume,
 several engines."""
 
 import sys
+from types import SimpleNamespace
 
 import pytest
 import ray.cloudpickle
@@ -281,3 +282,47 @@ def test_train_refuses_batches_it_cannot_normalise():
         actor.train(Batch({"input_ids": batch["input_ids"]}), token_nll_loss)
     with pytest.raises(ValueError, match="mini_batch_size and epochs must be >= 1"):
         actor.train(batch, token_nll_loss, mini_batch_size=0)
+
+
+class RecordingGroup:
+    """A group that records the calls it gets; ``answers`` maps a method to what each rank returns."""
+
+    def __init__(self, world_size, answers):
+        self.world_size, self.answers, self.calls = world_size, answers, []
+
+    def ping(self):
+        return [{"node_ip": "10.0.0.7"}] * self.world_size
+
+    def call_rank(self, rank, method, *args):
+        self.calls.append((method, rank, args))
+        return self.answers[method][rank]
+
+    def call_all(self, method, *args):
+        return [self.call_rank(rank, method, *args) for rank in range(self.world_size)]
+
+    def call_all_async(self, method, *args):
+        from rlcore.controller.group import Pending
+
+        self.calls.append((method, "all", args))
+        return Pending(lambda: [None] * self.world_size)
+
+
+def test_weight_group_ranks_follow_the_engines_devices():
+    from rlcore.controller.roles import _join_weight_group
+
+    actor = SimpleNamespace(group=RecordingGroup(2, {"free_port": [29500, 29501]}))
+    # engine 0 receives on 2 devices (tensor parallel), engine 1 on 1: group ranks 0 | 1 2 | 3
+    rollout = SimpleNamespace(group=RecordingGroup(2, {"weight_group_ranks": [2, 1]}), _joined=set())
+    _join_weight_group(actor, rollout, "sglang-distributed", "config", sender=1)
+    assert (
+        "join_weight_group",
+        "all",
+        ("sglang-distributed", "config", 1, 4, "10.0.0.7", 29501),
+    ) in actor.group.calls
+    assert rollout.group.calls[-1] == (
+        "join_weight_group",
+        "all",
+        ("sglang-distributed", "config", 4, "10.0.0.7", 29501, [1, 3]),
+    )
+    _join_weight_group(actor, rollout, "sglang-distributed", "config", sender=1)  # joined once
+    assert sum(call[0] == "join_weight_group" for call in rollout.group.calls) == 1

@@ -91,3 +91,49 @@ def test_transport_config_comes_from_either_config_class():
     own = TransportConfig(name="broadcast", timeout_s=5)
     assert transport_config_for("broadcast", own) is own
     assert transport_config_for("inprocess", None) == TransportConfig(name="inprocess")
+
+
+class EngineEndTransport:
+    """A collective transport whose receiving end is the engine itself (as ``sglang-distributed``): it
+    takes one rank per device of the engine (``tensor_parallel_size``) and loads it in place."""
+
+    def __init__(self, config=None, platform=None):
+        self.engine, self.calls = None, []
+
+    def attach(self, engine):
+        self.engine = engine
+
+    def receiver_ranks(self):
+        return self.engine.spec.tensor_parallel_size
+
+    def init_group(self, rank, world_size, master_addr, master_port):
+        self.calls.append(("init_group", rank, world_size))
+
+    def send(self, buckets):
+        raise AssertionError("not a sender here")
+
+    def receive(self, handle):
+        raise AssertionError("the worker must not receive in its own process")
+
+    def load_into(self, engine, handle):
+        self.calls.append(("load_into", engine is self.engine, handle))
+        self.last_receive_stats = {"sync/receive_bytes": 12.0}
+
+
+def test_a_transport_can_make_the_engine_its_receiving_end():
+    from rlcore.plugins import registry, reset_plugins
+
+    registry("weight_transports").register("test/engine-end", EngineEndTransport, plugin="test-plugin")
+    try:
+        worker = RolloutWorker(
+            "fake", RolloutSpec(model_path="", tensor_parallel_size=3), device="cpu", replica=1
+        )
+        config = TransportConfig(name="test/engine-end")
+        assert worker.weight_group_ranks("test/engine-end", config) == 3
+        worker.join_weight_group("test/engine-end", config, 7, "127.0.0.1", 1234, [1, 4])
+        stats = worker.receive_weights("test/engine-end", config, "handle-0")
+        calls = worker._transport("test/engine-end", config).calls
+    finally:
+        reset_plugins()
+    assert calls == [("init_group", 4, 7), ("load_into", True, "handle-0")]  # replica 1's first rank: 4
+    assert stats["sync/receive_bytes"] == 12.0 and stats["sync/load_seconds"] >= 0

@@ -209,17 +209,77 @@ class SGLangRollout(RolloutEngine):
         stays usable). The radix cache is flushed afterwards either way (``flush_cache_after_load``).
         """
         self.memory.check_load()
-        sent: list[str] = []
         stream = pack(
             checked_tensors(buckets, self.weights, self.dtype),
             bucket_bytes=self.config.weight_bucket_mib << 20,
             device=self.device,
         )
+        self._load((bucket.names, lambda b=bucket: self._send(b)) for bucket in stream)
+
+    def join_weight_group(
+        self,
+        master_address: str,
+        master_port: int,
+        rank_offset: int,
+        world_size: int,
+        group_name: str,
+        backend: str = "nccl",
+    ) -> None:
+        """Have SGLang's scheduler ranks join a weight group as ranks ``rank_offset .. rank_offset +
+        tensor_parallel_size - 1`` (``init_weights_update_group``; rank 0, the sender, hosts the
+        rendezvous at ``master_address:master_port``). Blocks until the group is formed. Used by the
+        ``sglang-distributed`` transport (:mod:`rlcore_sglang.transport`)."""
+        from sglang.srt.managers.io_struct import InitWeightsUpdateGroupReqInput
+
+        request = InitWeightsUpdateGroupReqInput(
+            master_address=master_address,
+            master_port=master_port,
+            rank_offset=rank_offset,
+            world_size=world_size,
+            group_name=group_name,
+            backend=backend,
+        )
+        manager = self._loop.engine.tokenizer_manager
+        success, message = self._loop.run(lambda: manager.init_weights_update_group(request, None))
+        if not success:
+            raise RuntimeError(f"sglang rollout: SGLang could not join the weight group: {message}")
+
+    def load_weights_from_group(self, headers: Iterable[dict[str, Any]], group_name: str) -> None:
+        """Load buckets that the weight group's rank 0 broadcasts: per header (``names``, ``dtypes``,
+        ``shapes`` of one flattened bucket, in the order of its bytes) one ``update_weights_from_distributed``
+        request, in which SGLang receives the bytes straight into its scheduler ranks. The sender has
+        checked the tensors; errors, partial loads and the cache flush behave as in :meth:`load_weights`."""
+        from sglang.srt.managers.io_struct import UpdateWeightsFromDistributedReqInput
+
+        self.memory.check_load()
+        manager = self._loop.engine.tokenizer_manager
+
+        async def receive(header: dict[str, Any]) -> None:
+            request = UpdateWeightsFromDistributedReqInput(
+                names=header["names"],
+                dtypes=header["dtypes"],
+                shapes=header["shapes"],
+                group_name=group_name,
+                flush_cache=False,  # once after the whole stream, not per bucket
+                load_format="flattened_bucket",
+            )
+            success, message = await manager.update_weights_from_distributed(request, None)
+            if not success:
+                raise RuntimeError(f"SGLang refused the weight update: {message}")
+
+        self._load((header["names"], lambda h=header: receive(h)) for header in headers)
+
+    def _load(self, steps: Iterable[tuple[list[str], Any]]) -> None:
+        """Run each step's coroutine (``make()``, loading ``names``) on the engine loop with requests
+        held back; flush the radix cache after whatever was loaded; mark the weights loaded once every
+        tensor of the model was. A failing step or stream raises :class:`WeightStreamError` naming what
+        was loaded before it."""
+        sent: list[str] = []
         with self._loop.exclusive():
             try:
-                for bucket in stream:
-                    self._loop.run(lambda b=bucket: self._send(b))
-                    sent.extend(bucket.names)
+                for names, make in steps:
+                    self._loop.run(make)
+                    sent.extend(names)
             except WeightStreamError as exc:
                 raise WeightStreamError(f"{exc} -- {_loaded_note(sent)}", tuple(sent)) from exc
             except Exception as exc:

@@ -1,8 +1,10 @@
-"""Entry point of rlcore-sglang: registers the ``sglang`` rollout engine. Cheap to import (no sglang)."""
+"""Entry point of rlcore-sglang: registers the ``sglang`` rollout engine and the ``sglang-distributed``
+weight transport. Cheap to import (no sglang)."""
 
 import importlib.util
 
 from rlcore import hookimpl
+from rlcore.transports.config import TransportConfig
 
 from rlcore_sglang.config import SGLangConfig
 
@@ -18,6 +20,13 @@ INSTALL_HINT = (
 @hookimpl
 def register_rollout_engines(register):
     register("sglang", "rlcore_sglang.engine:SGLangRollout", config=SGLangConfig)
+
+
+@hookimpl
+def register_weight_transports(register):
+    register(
+        "sglang-distributed", "rlcore_sglang.transport:SGLangDistributedTransport", config=TransportConfig
+    )
 
 
 def plugin_status() -> str | None:

@@ -102,3 +102,28 @@ def test_rlcore_config_rejects_a_bad_value_before_anything_starts():
     assert "sglang.engine_kwargs sets ['model_path']" in result.stderr and "Traceback" not in result.stderr
     result = rlcore("config", "--rollout", "sglang", "sglang.attention_backnd=fa3")
     assert result.returncode != 0 and "sglang.attention_backend" in result.stderr  # the typo's suggestion
+
+
+def test_rlcore_train_refuses_sglang_distributed_where_it_cannot_work():
+    """NCCL takes no two ranks of a group on one device, and the receiving end is SGLang's scheduler:
+    the transport needs split placement and the sglang rollout, said by key path before the run starts."""
+    from rlcore.config import ConfigError, load_config
+    from rlcore.controller.preflight import check_run
+
+    check_run(
+        load_config(
+            overrides=[
+                "rollout.engine=sglang",
+                "trainer.placement=split",
+                "transport.name=sglang-distributed",
+            ]
+        )
+    )
+    with pytest.raises(ConfigError) as err:
+        check_run(load_config(overrides=["rollout.engine=hf", "transport.name=sglang-distributed"]))
+    message = str(err.value)
+    assert (
+        "'transport.name': weight transport 'sglang-distributed' works with trainer.placement split, not 'colocated'"
+        in message
+    )
+    assert "loads rollout engine sglang, not 'hf'" in message

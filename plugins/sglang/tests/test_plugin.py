@@ -25,7 +25,11 @@ def test_registered_lazily_with_its_config_section():
     assert (info.distribution, info.status, info.registers) == (
         "rlcore-sglang",
         "loaded",
-        {"rollout_engines": ["sglang"]},
+        {"rollout_engines": ["sglang"], "weight_transports": ["sglang-distributed"]},
+    )
+    transport = registry("weight_transports").entry("sglang-distributed")
+    assert transport.target == "rlcore_sglang.transport:SGLangDistributedTransport" or (
+        transport.target.__name__ == "SGLangDistributedTransport"  # another test imported it already
     )
     assert info.note == (None if HAS_SGLANG else INSTALL_HINT)
 
