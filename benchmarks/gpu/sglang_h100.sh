@@ -30,6 +30,9 @@ from vllm_gpu import save_model
 Path('$MODEL').mkdir(parents=True, exist_ok=True); save_model(Path('$MODEL'), '0.5B', torch.device('cuda')); print('model ok')" ;;
   tests) RLCORE_SGLANG_TEST_MODEL=$MODEL step tests 330 python3 -m pytest plugins/sglang/tests/test_engine_gpu.py \
            -v -s -rA --junitxml="$OUT/tests.xml" ;;
+  tests-multi) # On 2 GPUs: weights over sglang-distributed from GPU 0 into SGLang on GPU 1, and SGLang at tp_size=2.
+         RLCORE_SGLANG_TEST_MODEL=$MODEL step tests-multi 420 python3 -m pytest plugins/sglang/tests/test_multi_gpu.py \
+           -v -s -rA --junitxml="$OUT/tests-multi.xml" ;;
   tests-tiny) step tests-tiny 300 python3 -m pytest plugins/sglang/tests/test_engine_gpu.py -v -s -rA \
            --junitxml="$OUT/tests-tiny.xml" ;;
   bench) step bench 420 python3 benchmarks/sglang_gpu.py --batch 64 256 --new-tokens 256 --shape 0.5B \
@@ -59,5 +62,19 @@ Path('$MODEL').mkdir(parents=True, exist_ok=True); save_model(Path('$MODEL'), '0
            trainer.total_steps=15 trainer.experiment_name=sglang-megatron-tp2
          cp runs/sglang-megatron-tp2/metrics.jsonl "$OUT/train_megatron_tp2_sglang.metrics.jsonl" 2>/dev/null
          tar -C runs/sglang-megatron-tp2 -czf "$OUT/train_megatron_tp2_sglang_logs.tgz" logs config.yaml error.log 2>/dev/null ;;
+  train-split) # On 2 GPUs: the FSDP trainer on one, SGLang on the other, weights over SGLang's NCCL group.
+         rm -rf runs/sglang-split
+         step train-split 420 python3 -c "import sys; from rlcore.cli.main import main; sys.exit(main())" train \
+           --engine fsdp --rollout sglang trainer.placement=split transport.name=sglang-distributed \
+           trainer.total_steps=15 trainer.experiment_name=sglang-split
+         cp runs/sglang-split/metrics.jsonl "$OUT/train_split_sglang.metrics.jsonl" 2>/dev/null
+         tar -C runs/sglang-split -czf "$OUT/train_split_sglang_logs.tgz" logs config.yaml error.log 2>/dev/null ;;
+  train-megatron-split) # The headline command, split: the Megatron trainer on one GPU, SGLang on the other.
+         rm -rf runs/sglang-megatron-split
+         step train-megatron-split 420 python3 -c "import sys; from rlcore.cli.main import main; sys.exit(main())" train \
+           --engine megatron --rollout sglang trainer.placement=split transport.name=sglang-distributed \
+           trainer.total_steps=15 trainer.experiment_name=sglang-megatron-split
+         cp runs/sglang-megatron-split/metrics.jsonl "$OUT/train_megatron_split_sglang.metrics.jsonl" 2>/dev/null
+         tar -C runs/sglang-megatron-split -czf "$OUT/train_megatron_split_sglang_logs.tgz" logs config.yaml error.log 2>/dev/null ;;
   *) echo "unknown stage $stage"; exit 2 ;;
 esac; done

@@ -17,7 +17,8 @@ Per sync, per bucket: the sender writes a header (names, dtypes, shapes) to the 
 each rollout worker reads and passes to its engine as one ``update_weights_from_distributed`` request
 (``load_format="flattened_bucket"``); SGLang then allocates the bucket and joins the broadcast of its
 bytes: every tensor's bytes back to back, in header order, as :func:`rlcore_sglang.weight_stream.pack`
-lays them out. A final header ends the sync, or carries the sender's error.
+lays them out. A final header ends the sync, or carries the sender's error; each engine then counts
+itself done in the store, and the sender waits for all of them before it drops the sync's keys.
 
 SGLang cannot refuse a bucket once the broadcast is under way (its ranks would leave the sender
 blocked), so the stream is checked on the sender, against the model the engines serve: each receiver
@@ -86,7 +87,7 @@ class SGLangDistributedTransport(WeightTransport):
         self._served: ModelWeights | None = None  # sender: what the engines accept
         self._dtype: torch.dtype | None = None
         self._sync = 0
-        self._last_headers = 0  # headers the previous sync wrote (deleted by the next one)
+        self._receivers = 0  # sender: how many engines load each sync
 
     # -- receiving end ---------------------------------------------------------------------------
     def attach(self, engine: Any) -> None:
@@ -116,7 +117,15 @@ class SGLangDistributedTransport(WeightTransport):
         backend = self.platform.dist_backend
         if rank == 0:
             self._store, self._group = weight_group(backend, master_addr, master_port, 0, world_size, timeout)
-            served = json.loads(self._headers().get("layout"))  # blocks until a receiver published it
+            headers = self._headers()
+            # Every engine has joined when the ranks they announced add up to the group's receivers.
+            _wait_for(
+                lambda: headers.add("receiver_ranks", 0) == world_size - 1,
+                self.config.timeout_s,
+                "every engine to join",
+            )
+            self._receivers = headers.add("receivers", 0)
+            served = json.loads(headers.get("layout"))
             self._served = ModelWeights(
                 WeightLayout(
                     served["model_path"],
@@ -131,7 +140,8 @@ class SGLangDistributedTransport(WeightTransport):
             self._store = dist.TCPStore(master_addr, master_port, is_master=False, timeout=timeout)
             self._engine.join_weight_group(master_addr, master_port, rank, world_size, GROUP_NAME, backend)
             layout = self._engine.weights.layout
-            self._headers().set(
+            headers = self._headers()
+            headers.set(
                 "layout",
                 json.dumps(
                     {
@@ -142,6 +152,8 @@ class SGLangDistributedTransport(WeightTransport):
                     }
                 ),
             )
+            headers.add("receivers", 1)
+            headers.add("receiver_ranks", self.receiver_ranks())
         self.rank = rank
 
     def close(self) -> None:
@@ -154,11 +166,10 @@ class SGLangDistributedTransport(WeightTransport):
     def send(self, buckets: Iterable[WeightBucket]) -> SyncHandle:
         """Check ``buckets`` against the served model, pack them into flattened buckets of
         ``transport.bucket_bytes`` and broadcast each after its header. A bad tensor (or a failing
-        stream) ends the sync with an ``abort`` header after the valid tensors before it, then raises."""
+        stream) ends the sync with an ``abort`` header after the valid tensors before it, then raises.
+        Returns (or raises) once every engine is done with the sync, so the next one starts clean."""
         self._require(sender=True)
         headers, sync = self._headers(), self._sync
-        for k in range(self._last_headers):  # every receiver has read them: the controller waited
-            headers.delete_key(f"{sync - 1}/{k}")
         start, nbytes, count = time.perf_counter(), 0, 0
         device = _current_device(self.platform)
         stream = pack(
@@ -185,11 +196,11 @@ class SGLangDistributedTransport(WeightTransport):
             headers.set(
                 f"{sync}/{count}", json.dumps({"kind": "abort", "error": f"{type(exc).__name__}: {exc}"})
             )
-            self._end_sync(count + 1)
+            self._end_sync(sync, count + 1)
             raise
         headers.set(f"{sync}/{count}", json.dumps({"kind": "end"}))
         self.platform.synchronize()
-        self._end_sync(count + 1)
+        self._end_sync(sync, count + 1)
         self.last_stats = send_stats(nbytes, time.perf_counter() - start, count)
         return SyncHandle(sync)
 
@@ -213,7 +224,10 @@ class SGLangDistributedTransport(WeightTransport):
             )
         self._sync += 1
         counts = {"bytes": 0, "buckets": 0, "wait": 0.0}
-        engine.load_weights_from_group(self._incoming(sync, counts), GROUP_NAME)
+        try:
+            engine.load_weights_from_group(self._incoming(sync, counts), GROUP_NAME)
+        finally:
+            self._headers().add(f"done/{sync}", 1)  # the sender waits for every engine before it returns
         self.last_receive_stats = receive_stats(counts["bytes"], counts["wait"], counts["buckets"])
 
     def _incoming(self, sync: int, counts: dict[str, Any]) -> Iterator[dict[str, Any]]:
@@ -242,9 +256,18 @@ class SGLangDistributedTransport(WeightTransport):
     def _headers(self) -> Any:
         return dist.PrefixStore(_HEADERS, self._store)
 
-    def _end_sync(self, headers_written: int) -> None:
+    def _end_sync(self, sync: int, headers_written: int) -> None:
+        """Wait until every engine is done with sync ``sync`` (loaded, or failed), then drop its keys."""
+        headers = self._headers()
         self._sync += 1
-        self._last_headers = headers_written
+        _wait_for(
+            lambda: headers.add(f"done/{sync}", 0) == self._receivers,
+            self.config.timeout_s,
+            f"every engine to finish loading sync {sync}",
+        )
+        for k in range(headers_written):
+            headers.delete_key(f"{sync}/{k}")
+        headers.delete_key(f"done/{sync}")
 
     def _require(self, sender: bool) -> None:
         if self.rank is None:
@@ -282,6 +305,18 @@ def weight_group(
     )
     _world.pg_group_ranks[group] = {i: i for i in range(world_size)}
     return store, group
+
+
+def _wait_for(done: Any, timeout_s: float, what: str) -> None:
+    """Poll ``done()`` (a store read) until true; :class:`TimeoutError` after ``timeout_s``."""
+    deadline = time.monotonic() + timeout_s
+    while not done():
+        if time.monotonic() > deadline:
+            raise TimeoutError(
+                f"'sglang-distributed' transport: waited {timeout_s:.0f} s for {what} (transport.timeout_s); "
+                f"did a rollout worker die? Its log says why"
+            )
+        time.sleep(0.001)
 
 
 def _current_device(platform: DevicePlatform) -> torch.device:
