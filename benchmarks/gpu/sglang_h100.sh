@@ -33,6 +33,11 @@ Path('$MODEL').mkdir(parents=True, exist_ok=True); save_model(Path('$MODEL'), '0
   tests-multi) # On 2 GPUs: weights over sglang-distributed from GPU 0 into SGLang on GPU 1, and SGLang at tp_size=2.
          RLCORE_SGLANG_TEST_MODEL=$MODEL step tests-multi 420 python3 -m pytest plugins/sglang/tests/test_multi_gpu.py \
            -v -s -rA --junitxml="$OUT/tests-multi.xml" ;;
+  probe-dist) # sglang-distributed in three environments, each in a fresh process (sglang_dist_probe.py).
+         for variant in saver-on saver-off cumem-on; do
+           step probe-$variant 150 python3 benchmarks/gpu/sglang_dist_probe.py $MODEL $variant
+           pkill -9 -f "sglang_dist_probe|sglang::" 2>/dev/null; sleep 2
+         done ;;
   tests-tiny) step tests-tiny 300 python3 -m pytest plugins/sglang/tests/test_engine_gpu.py -v -s -rA \
            --junitxml="$OUT/tests-tiny.xml" ;;
   bench) step bench 420 python3 benchmarks/sglang_gpu.py --batch 64 256 --new-tokens 256 --shape 0.5B \

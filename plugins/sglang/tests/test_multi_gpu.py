@@ -88,13 +88,15 @@ class TestSplitPlacement:
     def sync(link, engine, buckets) -> float:
         sender, receiver = link
         start = time.perf_counter()
-        with ThreadPoolExecutor(1) as pool:
-            sent = pool.submit(sender.send, buckets)
-            try:
-                receiver.load_into(engine, None)
-            finally:
-                sent.exception()  # both ends finished before anyone raises
-            sent.result()
+        pool = ThreadPoolExecutor(1)
+        sent = pool.submit(sender.send, buckets)
+        try:
+            receiver.load_into(engine, None)
+        except BaseException:
+            pool.shutdown(wait=False)  # a sender stuck in a broadcast that SGLang left must not hang the test
+            raise
+        sent.result(timeout=120)
+        pool.shutdown()
         return time.perf_counter() - start
 
     def test_trainer_weights_reach_sglang_over_its_nccl_group(self, engine, link, trainer):
