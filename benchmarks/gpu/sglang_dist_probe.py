@@ -32,7 +32,7 @@ def main(model: str) -> None:
     spec = RolloutSpec(model_path=model, dtype="bfloat16", max_model_len=1024, seed=0)
     config = SGLangConfig(
         mem_fraction_static=0.3,
-        disable_cuda_graph=True,
+        disable_cuda_graph=VARIANT != "graphs-on",
         enable_memory_saver=VARIANT != "saver-off",
         engine_kwargs={"base_gpu_id": 1},
     )

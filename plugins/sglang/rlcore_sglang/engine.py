@@ -55,6 +55,11 @@ log = logging.getLogger(__name__)
 
 #: SGLang's switch for ``raw_logprobs``, read by its sampler module when the scheduler process imports it.
 RAW_LOGPROB_ENV = "SGLANG_RETURN_ORIGINAL_LOGPROB"
+#: NCCL's cuMem switch. SGLang turns it off for its scheduler unless it is set; a trainer process keeps
+#: NCCL's default (on), and two ends of one NCCL group that differ here fail their first broadcast with
+#: "Cuda failure 'invalid argument'" (measured on 2 x H200: the ``sglang-distributed`` transport). So the
+#: scheduler gets NCCL's default too, unless the user set it for every process.
+NCCL_CUMEM_ENV = "NCCL_CUMEM_ENABLE"
 
 
 def import_sglang():
@@ -113,7 +118,10 @@ class SGLangRollout(RolloutEngine):
         self.max_model_len = spec.max_model_len
         self.device = _current_device(platform)
         args = engine_args(spec, config)
-        with _env(RAW_LOGPROB_ENV, "1" if config.logprobs_mode == "raw_logprobs" else "0"):
+        with (
+            _env(RAW_LOGPROB_ENV, "1" if config.logprobs_mode == "raw_logprobs" else "0"),
+            _env(NCCL_CUMEM_ENV, os.environ.get(NCCL_CUMEM_ENV, "1")),
+        ):
             self._loop = EngineLoop(lambda: sglang.Engine(**args))
         self._closed = False
         self._ids = itertools.count()
