@@ -20,7 +20,7 @@ for stage in "$@"; do case $stage in
           fi
           python3 -c "import pytest" 2>/dev/null || python3 -m pip install -q --no-deps --no-index --target /tmp/site .gpu/extra/*.whl
           ls /tmp/site | wc -l ;;
-  setup) python3 -m pip install -q --no-deps --no-index --no-build-isolation --target /tmp/proj ./core ./plugins/sglang \
+  setup) python3 -m pip install -q --upgrade --no-deps --no-index --no-build-isolation --target /tmp/proj ./core ./plugins/sglang \
            ./plugins/fsdp ./plugins/megatron > "$OUT/setup.log" 2>&1; echo "setup exit $?"
          nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv | tee -a "$OUT/setup.log" ;;
   model) step model 120 python3 -c "
@@ -36,7 +36,7 @@ Path('$MODEL').mkdir(parents=True, exist_ok=True); save_model(Path('$MODEL'), '0
   probe-dist) # sglang-distributed in three environments, each in a fresh process (sglang_dist_probe.py).
          for variant in saver-on saver-off cumem-on; do
            step probe-$variant 150 python3 benchmarks/gpu/sglang_dist_probe.py $MODEL $variant
-           pkill -9 -f "sglang_dist_probe|sglang::" 2>/dev/null; sleep 2
+           pkill -9 -f "sglang_dist_prob[e]|sglang[:][:]" 2>/dev/null; sleep 2
          done ;;
   tests-tiny) step tests-tiny 300 python3 -m pytest plugins/sglang/tests/test_engine_gpu.py -v -s -rA \
            --junitxml="$OUT/tests-tiny.xml" ;;
