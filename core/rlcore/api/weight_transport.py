@@ -17,6 +17,11 @@ class WeightTransport(abc.ABC):
     the handle to every receiver, which iterates :meth:`receive`. Transports that stream through a
     collective (broadcast) need :meth:`send` and :meth:`receive` to run concurrently; the controller
     starts both before waiting on either.
+
+    A transport whose receiving end is the engine itself (SGLang's scheduler joining an NCCL group) adds
+    ``attach(engine)``, ``receiver_ranks() -> int`` and ``load_into(engine, handle)``, and may name the
+    placements and rollout engines it works with in the class attributes ``placements`` and
+    ``rollout_engines`` (docs/plugins.md, "Weight transports").
     """
 
     config_class: ClassVar[type | None] = None

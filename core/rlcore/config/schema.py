@@ -218,7 +218,8 @@ class TransportConfig:
 
     #: ``auto`` (``inprocess`` when trainer and rollout share a process; ``ipc`` when colocated on GPUs of
     #: one node: device buffers shared by handle; else ``ray``), ``inprocess``, ``ray``, ``broadcast``,
-    #: ``ipc``.
+    #: ``ipc``; plugins add more (rlcore-sglang: ``sglang-distributed``, NCCL straight into SGLang's
+    #: scheduler, for ``trainer.placement: split``).
     name: str = "auto"
     #: Bucket size of the weight stream in bytes.
     bucket_bytes: int = attrs.field(default=256 * 2**20, validator=_positive)
