@@ -93,7 +93,8 @@ def _kernel_runs(device_type: str, dtype: torch.dtype) -> bool:
 def _per_sequence(
     q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, cu: torch.Tensor, scale: float
 ) -> torch.Tensor:
-    """The same as :func:`_kernel_call`, one causal SDPA per sequence (``[1, H, L, D]`` each)."""
+    """The same as :func:`_kernel_call`, one causal SDPA per sequence (``[1, H, L, D]`` each); ``cu`` is
+    read on the host (pass a host copy to spare the device a sync)."""
     bounds = cu.tolist()
     groups = q.shape[1] // k.shape[1]
     out = []
@@ -106,10 +107,18 @@ def _per_sequence(
 
 
 def varlen_attention(
-    q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, cu_seq_lens: torch.Tensor, max_len: int, scale: float
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    cu_seq_lens: torch.Tensor,
+    max_len: int,
+    scale: float,
+    host_bounds: torch.Tensor | None = None,
 ) -> torch.Tensor:
     """Causal attention within each packed sequence: ``q [N, Hq, D]``, ``k``/``v [N, Hkv, D]`` (``Hq`` a
-    multiple of ``Hkv``), ``cu_seq_lens [n+1]`` int32 starting at 0 and ending at ``N`` -> ``[N, Hq, D]``."""
+    multiple of ``Hkv``), ``cu_seq_lens [n+1]`` int32 starting at 0 and ending at ``N`` -> ``[N, Hq, D]``.
+    ``host_bounds``: the same boundaries on the host, if the caller has them (the per-sequence fallback
+    reads them there instead of syncing with the device)."""
     if _kernel_runs(q.device.type, q.dtype):
         return _kernel_call(q, k, v, cu_seq_lens, max_len, scale)  # an error here is a real one
-    return _per_sequence(q, k, v, cu_seq_lens, scale)
+    return _per_sequence(q, k, v, cu_seq_lens if host_bounds is None else host_bounds, scale)

@@ -48,6 +48,12 @@ class PackedDotProductAttention(DotProductAttention):
         cu = packed_seq_params.cu_seqlens_q
         query, key, value = (t.contiguous() for t in (query, key, value))  # views of the fused QKV
         out = varlen_attention(
-            query, key, value, cu, int(packed_seq_params.max_seqlen_q), float(self.softmax_scale)
+            query,
+            key,
+            value,
+            cu,
+            int(packed_seq_params.max_seqlen_q),
+            float(self.softmax_scale),
+            host_bounds=packed_seq_params.cu_seqlens_q_padded,  # the engine's host copy of ``cu``
         )
         return out.reshape(out.shape[0], self.hidden_size_per_partition)

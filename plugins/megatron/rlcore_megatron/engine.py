@@ -89,10 +89,15 @@ class _Micro:
         if self.packed is None:
             return self.aligned.tokens, self.aligned.position_ids, None
         p = self.packed
+        # megatron-core's rotary embedding takes the "padded" boundaries when given and splits the
+        # tokens per sequence with them on the host (``.tolist()``): handed the host copy, no layer syncs
+        # with the device for it (the sequences are not padded: the same boundaries).
         params = PackedSeqParams(
             qkv_format="thd",
             cu_seqlens_q=p.cu_seqlens,
             cu_seqlens_kv=p.cu_seqlens,
+            cu_seqlens_q_padded=p.cu_seqlens_host,
+            cu_seqlens_kv_padded=p.cu_seqlens_host,
             max_seqlen_q=p.max_seqlen,
             max_seqlen_kv=p.max_seqlen,
         )

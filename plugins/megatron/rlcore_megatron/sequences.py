@@ -66,14 +66,17 @@ class Packed:
     """The rows of an :class:`Aligned` packed into one row, padding removed (``megatron.use_remove_padding``).
 
     ``tokens``/``position_ids [1, T]`` (positions restart at 0 per sequence), ``cu_seqlens [n+1]`` int32
-    (row ``r`` starts at ``cu_seqlens[r]``), ``max_seqlen`` (host int). ``T`` is the real token count, or
-    more when the pack is padded (an empty batch): the extra tokens form one more sequence, after the rows.
+    (row ``r`` starts at ``cu_seqlens[r]``) and the same on the host, ``cu_seqlens_host`` (what code that
+    loops over sequences reads, so that no layer waits on the device to learn the lengths), ``max_seqlen``
+    (host int). ``T`` is the real token count, or more when the pack is padded (an empty batch): the extra
+    tokens form one more sequence, after the rows.
     """
 
     tokens: torch.Tensor
     position_ids: torch.Tensor
     cu_seqlens: torch.Tensor
     max_seqlen: int
+    cu_seqlens_host: torch.Tensor
 
     def next_tokens(self) -> torch.Tensor:
         """``[1, T]``: the token each position predicts within its sequence (0 at a sequence's last
@@ -95,20 +98,27 @@ class Packed:
 
 
 def pack(aligned: Aligned) -> Packed:
-    """Pack the real tokens of ``aligned``'s rows into one row (one host sync for the sizes)."""
+    """Pack the real tokens of ``aligned``'s rows into one row (one host sync, for the lengths)."""
     lengths = aligned.lengths
     device = aligned.tokens.device
-    total, longest = (int(x) for x in torch.stack([lengths.sum(), lengths.max()]).tolist())
-    cu = torch.zeros(len(lengths) + 1, dtype=torch.int32, device=device)
-    cu[1:] = lengths.cumsum(0)
+    host = [0, *lengths.tolist()]
+    cu_host = torch.tensor(host, dtype=torch.int32).cumsum(0, dtype=torch.int32)
+    total, longest = int(cu_host[-1]), max(host)
+    cu = cu_host.to(device, copy=True)  # never the host copy itself, even on a CPU
     keep = torch.arange(aligned.tokens.shape[1], device=device) < lengths[:, None]
     tokens = aligned.tokens[keep]
     positions = aligned.position_ids[keep]
     if total == 0:  # nothing real: one pad token as its own sequence keeps every shape non-empty
         tokens, positions = tokens.new_zeros(1), positions.new_zeros(1)
-        cu = torch.cat([cu, cu.new_ones(1)])
+        cu, cu_host = torch.cat([cu, cu.new_ones(1)]), torch.cat([cu_host, cu_host.new_ones(1)])
         longest = 1
-    return Packed(tokens=tokens[None], position_ids=positions[None], cu_seqlens=cu, max_seqlen=longest)
+    return Packed(
+        tokens=tokens[None],
+        position_ids=positions[None],
+        cu_seqlens=cu,
+        max_seqlen=longest,
+        cu_seqlens_host=cu_host,
+    )
 
 
 def restore(values: torch.Tensor, aligned: Aligned) -> torch.Tensor:

@@ -157,9 +157,9 @@ def _leaky_attention():
 
     right = attention.varlen_attention
 
-    def leaky(q, k, v, cu, max_len, scale):
+    def leaky(q, k, v, cu, max_len, scale, host_bounds=None):
         whole = torch.tensor([0, q.shape[0]], dtype=cu.dtype, device=cu.device)
-        return right(q, k, v, whole, q.shape[0], scale)
+        return right(q, k, v, whole, q.shape[0], scale, host_bounds=whole.cpu())
 
     attention.varlen_attention = leaky
     return lambda: setattr(attention, "varlen_attention", right)
@@ -176,6 +176,7 @@ def packed1(rank, world, port, qwen, batch, work_dir):
         eng = _engine(qwen, rank, world, port, remove_padding=packed, micro_batch_size=3)
         r[f"{name}_infer"] = _infer(eng, batch, ("log_probs", "entropy"))
         if packed:
+            r["host_reads"] = _host_reads_of_boundaries(lambda e=eng: _infer(e, batch, ("log_probs",)))
             undo = _leaky_attention()
             r["leaky_infer"] = _infer(eng, batch, ("log_probs",))
             undo()
@@ -194,6 +195,45 @@ def packed1(rank, world, port, qwen, batch, work_dir):
     eng = _engine(qwen, rank, world, port, remove_padding=True, max_tokens_per_micro_batch=16)
     r["packed_tokens_infer"] = _infer(eng, batch, ("log_probs", "entropy"))
     _save(r, Path(work_dir), "packed1", rank)
+
+
+def _host_reads_of_boundaries(run) -> dict[str, int]:
+    """``run()`` counting ``tolist``/``item`` calls on each micro-batch's sequence boundaries: on the
+    device copy (each a sync on a GPU) and on the host copy the engine passes beside it."""
+    import torch
+    from rlcore_megatron import engine as engine_module
+
+    device_ids, host_ids, counts = set(), set(), {"device": 0, "host": 0}
+    model_inputs = engine_module._Micro.model_inputs
+
+    def spied_inputs(self):
+        tokens, positions, params = model_inputs(self)
+        device_ids.add(id(params.cu_seqlens_q))
+        host_ids.add(id(params.cu_seqlens_q_padded))
+        return tokens, positions, params
+
+    originals = {name: getattr(torch.Tensor, name) for name in ("tolist", "item")}
+
+    def spy(name):
+        def read(self, *args, **kwargs):
+            if id(self) in device_ids:
+                counts["device"] += 1
+            elif id(self) in host_ids:
+                counts["host"] += 1
+            return originals[name](self, *args, **kwargs)
+
+        return read
+
+    engine_module._Micro.model_inputs = spied_inputs
+    for name in originals:
+        setattr(torch.Tensor, name, spy(name))
+    try:
+        run()
+    finally:
+        engine_module._Micro.model_inputs = model_inputs
+        for name, method in originals.items():
+            setattr(torch.Tensor, name, method)
+    return counts
 
 
 def packed2(rank, world, port, qwen, batch, work_dir):

@@ -73,6 +73,9 @@ def test_pack_drops_padding_and_restarts_positions():
     assert aligned.lengths.tolist() == lengths
     assert packed.cu_seqlens.tolist() == [0, 11, 17, 26, 31] and packed.max_seqlen == 11
     assert packed.cu_seqlens.dtype == torch.int32
+    assert packed.cu_seqlens_host.device.type == "cpu" and torch.equal(
+        packed.cu_seqlens_host, packed.cu_seqlens
+    )
     real = [row[row != 0] for row in b["input_ids"]]  # make_batch draws real tokens >= 3
     assert packed.tokens[0].tolist() == torch.cat(real).tolist()
     assert packed.position_ids[0].tolist() == [p for n in lengths for p in range(n)]
@@ -89,6 +92,7 @@ def test_pack_of_empty_rows_keeps_shapes_non_empty():
     aligned = left_align(torch.zeros(2, 4, dtype=torch.long), torch.zeros(2, 4, dtype=torch.long))
     packed = pack(aligned)
     assert packed.tokens.shape == (1, 1) and packed.cu_seqlens.tolist() == [0, 0, 0, 1]
+    assert packed.cu_seqlens_host.tolist() == [0, 0, 0, 1]
     assert packed.next_tokens().tolist() == [[0]]
 
 
@@ -110,6 +114,14 @@ def test_config_default_off_and_refused_with_transformer_engine():
 def test_packed_log_probs_and_entropy_equal_hf(one, qwen):
     assert_equal_hf(one["packed_infer"], qwen)
     assert_equal_hf(one["packed_tokens_infer"], qwen)  # micro-batches cut by tokens
+
+
+def test_no_layer_reads_the_device_boundaries_on_the_host(one):
+    """On a GPU each ``tolist``/``item`` of the device ``cu_seqlens`` is a sync: megatron-core's rotary
+    embedding (per layer, for queries and keys) and the attention fallback read the host copy instead."""
+    reads = one["host_reads"]
+    assert reads["device"] == 0, reads
+    assert reads["host"] >= 2 * 2, reads  # the spy sees them: two layers x (queries, keys) at least
 
 
 def test_attending_across_sequences_would_fail_the_hf_check(one, qwen):
