@@ -19,6 +19,8 @@ import abc
 from collections.abc import Sequence
 from typing import ClassVar
 
+import torch
+
 
 class DevicePlatform(abc.ABC):
     """Facts and a few operations for one kind of accelerator.
@@ -58,6 +60,13 @@ class DevicePlatform(abc.ABC):
     @abc.abstractmethod
     def memory_stats(self) -> dict[str, float]:
         """``allocated_gib``, ``reserved_gib``, ``total_gib`` of the current device."""
+
+    def current_device(self) -> torch.device:
+        """The device this process (thread) works on now: ``torch.device("cpu")``, or ``device_type`` with
+        the current index of torch's module for it (``torch.cuda.current_device()``, ``torch.npu`` ...)."""
+        if self.device_type == "cpu":
+            return torch.device("cpu")
+        return torch.device(self.device_type, torch.get_device_module(self.device_type).current_device())
 
     def empty_cache(self) -> None:
         """Return cached device memory to the driver. Default: nothing to do."""

@@ -81,7 +81,7 @@ class BroadcastTransport(WeightTransport):
             )
         timeout = timedelta(seconds=self.config.timeout_s)
         factory = _backend_factory(self.platform)
-        self.device = _current_device(self.platform)
+        self.device = self.platform.current_device()
         self._store = dist.TCPStore(
             master_addr, master_port, world_size, is_master=rank == 0, timeout=timeout
         )
@@ -255,12 +255,6 @@ def _unpack(entries: list, flat: torch.Tensor) -> WeightBucket:
         (name, flat[start : start + nbytes].view(getattr(torch, dtype)).view(shape))
         for name, dtype, shape, start, nbytes in entries
     ]
-
-
-def _current_device(platform: DevicePlatform) -> torch.device:
-    if platform.device_type == "cpu":
-        return torch.device("cpu")
-    return torch.device(platform.device_type, torch.get_device_module(platform.device_type).current_device())
 
 
 def _backend_factory(platform: DevicePlatform) -> Any:

@@ -171,7 +171,7 @@ class SGLangDistributedTransport(WeightTransport):
         self._require(sender=True)
         headers, sync = self._headers(), self._sync
         start, nbytes, count = time.perf_counter(), 0, 0
-        device = _current_device(self.platform)
+        device = self.platform.current_device()
         stream = pack(
             checked_tensors(buckets, self._served, self._dtype),
             bucket_bytes=int(self.config.bucket_bytes),
@@ -317,9 +317,3 @@ def _wait_for(done: Any, timeout_s: float, what: str) -> None:
                 f"did a rollout worker die? Its log says why"
             )
         time.sleep(0.001)
-
-
-def _current_device(platform: DevicePlatform) -> torch.device:
-    if platform.device_type == "cpu":
-        return torch.device("cpu")
-    return torch.device(platform.device_type, torch.get_device_module(platform.device_type).current_device())
