@@ -63,6 +63,11 @@ class MegatronConfig:
     #: var-len kernel where the device has it, one SDPA call per sequence elsewhere. Needs
     #: ``transformer_impl: local``. With ``max_tokens_per_micro_batch``, micro-batches are cut by real tokens.
     use_remove_padding: bool = False
+    #: Compute the language-model head (output projection, log-probs, entropy) this many tokens at a time,
+    #: each chunk's logits recomputed in the backward instead of kept: a micro-batch's ``[tokens, V/tp]``
+    #: logits never exist at once (they are most of the activation memory of a small model with a large
+    #: vocabulary). ``null``: the whole micro-batch at once, as megatron-core's output layer computes it.
+    logits_chunk_size: int | None = attrs.field(default=None, validator=_positive)
 
     def __attrs_post_init__(self) -> None:
         if self.sequence_parallel and self.transformer_impl != "transformer_engine":

@@ -63,7 +63,7 @@ from rlcore_megatron.sequences import (
     response_columns,
     restore,
 )
-from rlcore_megatron.vocab_parallel import log_probs_and_entropy
+from rlcore_megatron.vocab_parallel import chunked_log_probs_and_entropy, log_probs_and_entropy
 
 HEAD_OUTPUTS = {"lm": ("log_probs", "entropy"), "value": ("values",), "score": ("scores",)}
 TAGS = ("weights", "grads", "optimizer")
@@ -292,17 +292,29 @@ class MegatronEngine(TrainEngine):
                     restore(micro.per_position(output[..., 0].float()), aligned), width
                 )
             }
-        vocab_local = output.shape[-1]
-        # Log-probs where the logits are (packed: no padding rows of vocabulary-wide logits), then placed.
-        log_probs, entropy = log_probs_and_entropy(
-            output,
-            aligned.next_tokens() if micro.packed is None else micro.packed.next_tokens(),
-            vocab_start=self.layout.tp_rank * vocab_local,
+        targets = aligned.next_tokens() if micro.packed is None else micro.packed.next_tokens()
+        common = dict(
             vocab_size=self.shape.vocab_size,
             group=mpu.get_tensor_model_parallel_group() if self.layout.tp_size > 1 else None,
             temperature=self.spec.temperature,
             with_entropy="entropy" in wanted,
         )
+        # Log-probs where the logits are (packed: no padding rows of vocabulary-wide logits), then placed.
+        if self.config.logits_chunk_size is None:
+            vocab_local = output.shape[-1]
+            log_probs, entropy = log_probs_and_entropy(
+                output, targets, vocab_start=self.layout.tp_rank * vocab_local, **common
+            )
+        else:  # ``output`` is the hidden state (model.pass_hidden_through): the head runs here, in chunks
+            weight = self.module.shared_embedding_or_output_weight()
+            log_probs, entropy = chunked_log_probs_and_entropy(
+                output,
+                weight,
+                targets,
+                chunk_tokens=self.config.logits_chunk_size,
+                vocab_start=self.layout.tp_rank * weight.shape[0],
+                **common,
+            )
         out = {"log_probs": response_columns(restore(micro.per_position(log_probs), aligned), width)}
         if entropy is not None:
             out["entropy"] = response_columns(restore(micro.per_position(entropy), aligned), width)

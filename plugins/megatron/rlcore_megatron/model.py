@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import torch
 import torch.nn.functional as F
-from megatron.core import tensor_parallel
+from megatron.core import parallel_state, tensor_parallel
 from megatron.core.models.gpt import GPTModel
 from megatron.core.transformer import TransformerConfig
 
@@ -131,7 +131,34 @@ def build_stage_model(
     )
     if last and not lm:
         model.output_layer = ScalarHead(config, bias=head == "value")
+    if last and lm and cfg.logits_chunk_size is not None:
+        pass_hidden_through(model.output_layer, config)
     return model
+
+
+def pass_hidden_through(output_layer: torch.nn.Module, config: TransformerConfig) -> None:
+    """Make the vocabulary output layer return its input (``[s, b, h]``, as the projection would see it)
+    instead of the logits, so that the engine computes the head in chunks
+    (:func:`rlcore_megatron.vocab_parallel.chunked_log_probs_and_entropy`). Its parameters stay where
+    they are (names, checkpoints and the weight stream unchanged), and the input gets the communication
+    the column-parallel projection would do: under sequence parallelism the sequence is gathered (the
+    backward reduce-scatters), otherwise with tensor parallelism the backward sums the input's gradient
+    over the ranks (each rank's vocabulary slice contributes a part)."""
+    from rlcore_megatron.vocab_parallel import sum_grad_over_group
+
+    def forward(hidden: torch.Tensor, weight=None, runtime_gather_output=None):
+        if config.sequence_parallel:
+            hidden = tensor_parallel.gather_from_sequence_parallel_region(
+                hidden, tensor_parallel_output_grad=True
+            )
+        elif parallel_state.get_tensor_model_parallel_world_size() > 1:
+            # Not megatron-core's copy_to_tensor_model_parallel_region: its backward all-reduces a
+            # contiguous copy of the gradient and returns the original when that is not contiguous
+            # (here it is a transposed view: GPTModel transposes its output), dropping the sum.
+            hidden = sum_grad_over_group(hidden, parallel_state.get_tensor_model_parallel_group())
+        return hidden, None
+
+    output_layer.forward = forward
 
 
 def cast_parameters(model: torch.nn.Module, dtype: torch.dtype) -> None:

@@ -23,7 +23,9 @@ def _setup():
     mcore_cpu_redirect.install()
 
 
-def _engine(path, rank, world, port, *, tp=1, pp=1, dp_opt=True, remove_padding=False, **spec):
+def _engine(
+    path, rank, world, port, *, tp=1, pp=1, dp_opt=True, remove_padding=False, logits_chunk_size=None, **spec
+):
     from rlcore.api import DistInfo, EngineSpec
     from rlcore.devices import get_platform
     from rlcore_megatron.config import MegatronConfig
@@ -38,6 +40,7 @@ def _engine(path, rank, world, port, *, tp=1, pp=1, dp_opt=True, remove_padding=
         use_distributed_optimizer=dp_opt,
         adam_eps=ADAM_EPS,
         use_remove_padding=remove_padding,
+        logits_chunk_size=logits_chunk_size,
     )
     return MegatronEngine(
         EngineSpec(model_path=str(path), **{**defaults, **spec}),
@@ -234,6 +237,27 @@ def _host_reads_of_boundaries(run) -> dict[str, int]:
         for name, method in originals.items():
             setattr(torch.Tensor, name, method)
     return counts
+
+
+def chunked(rank, world, port, qwen, batch, work_dir):
+    """``megatron.logits_chunk_size`` (5 tokens: several chunks per micro-batch) against the whole
+    micro-batch's head at TP=``world``: padded, then packed."""
+    _setup()
+    from mcore_testlib import nll_loss
+    from megatron.core import parallel_state as mpu
+
+    r = {}
+    variants = (("whole", {}), ("chunked", {"logits_chunk_size": 5}))
+    variants += (("chunked_packed", {"logits_chunk_size": 5, "remove_padding": True}),)
+    for name, kwargs in variants:
+        eng = _engine(qwen, rank, world, port, tp=world, **kwargs)
+        r[f"{name}_infer"] = _infer(eng, batch, ("log_probs", "entropy"))
+        r[f"{name}_metrics"] = eng.train_step(batch, nll_loss)
+        r[f"{name}_grads"] = _grads(eng)
+        r[f"{name}_export1"] = _export(eng)
+        del eng
+        mpu.destroy_model_parallel()
+    _save(r, Path(work_dir), "chunked", rank)
 
 
 def packed2(rank, world, port, qwen, batch, work_dir):

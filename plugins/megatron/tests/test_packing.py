@@ -181,3 +181,31 @@ def test_packed_two_ranks_equal_hf(two, qwen, hf_step, layout, holder):
     assert metrics[0]["loss"] == pytest.approx(loss, abs=ATOL)
     assert metrics[0]["grad_norm"] == pytest.approx(grad_norm, rel=1e-4)
     assert_same_weights(two[holder][f"{layout}_export1"], after, atol=1e-6)
+
+
+# -- the chunked head (megatron.logits_chunk_size) -------------------------------------------------
+@pytest.fixture(scope="module", params=[1, 2], ids=["tp1", "tp2"])
+def chunked(request, tiny_qwen, tmp_path_factory):
+    world = request.param
+    work = tmp_path_factory.mktemp(f"megatron_chunked{world}")
+    spawn(mcore_test_workers.chunked, world, str(tiny_qwen), batch(), str(work))
+    return [torch.load(work / f"chunked_rank{r}.pt", weights_only=False) for r in range(world)]
+
+
+def test_chunked_head_equals_hf_and_trains_as_the_whole_head(chunked, qwen, hf_step):
+    """Log-probs and entropy against the HF model; the training step (loss, gradient norm, every
+    gradient, the updated weights) against the head over the whole micro-batch and one HF AdamW step."""
+    loss, grad_norm, after = hf_step
+    for rank in chunked:
+        for name in ("chunked", "chunked_packed"):
+            if rank[f"{name}_infer"] is not None:  # the rank holding outputs (tensor-parallel rank 0)
+                assert_equal_hf(rank[f"{name}_infer"], qwen)
+            metrics, whole = rank[f"{name}_metrics"], rank["whole_metrics"]
+            assert metrics["loss"] == pytest.approx(whole["loss"], abs=1e-6)
+            assert metrics["grad_norm"] == pytest.approx(whole["grad_norm"], rel=1e-6)
+            assert metrics["loss"] == pytest.approx(loss, abs=ATOL)
+            assert_same_weights(rank[f"{name}_grads"], rank["whole_grads"], atol=1e-6)
+    for name in ("chunked", "chunked_packed"):  # the weight stream comes from rank 0
+        assert_same_weights(chunked[0][f"{name}_export1"], after, atol=1e-6)
+    assert chunked[0]["chunked_infer"] is not None
+    assert max(g.abs().max() for g in chunked[0]["whole_grads"].values()) > 1e-2  # not vacuous
