@@ -91,7 +91,12 @@ def worker(rank: int, world: int, port: int, args, path: str, out: str) -> None:
             max_tokens_per_micro_batch=args.max_tokens_per_micro_batch,
             gradient_checkpointing=args.gradient_checkpointing,
         )
-        cfg = MegatronConfig(tensor_model_parallel_size=tp, pipeline_model_parallel_size=pp)
+        cfg = MegatronConfig(
+            tensor_model_parallel_size=tp,
+            pipeline_model_parallel_size=pp,
+            use_remove_padding=args.remove_padding,
+            logits_chunk_size=args.logits_chunk_size,
+        )
         info = DistInfo(rank=rank, world_size=world, local_rank=rank, master_port=port)
         started = time.perf_counter()
         engine = MegatronEngine(spec, cfg, platform, info)
@@ -196,6 +201,8 @@ def parse_args(argv=None):
     p.add_argument("--warmup", type=int, default=2)
     p.add_argument("--peak-tflops", type=float, default=989.0, help="per-device peak; 0 disables MFU")
     p.add_argument("--gradient-checkpointing", action="store_true")
+    p.add_argument("--remove-padding", action="store_true", help="megatron.use_remove_padding (packed thd)")
+    p.add_argument("--logits-chunk-size", type=int, default=None, help="megatron.logits_chunk_size")
     p.add_argument("--device", default="auto", help="rlcore device platform name")
     p.add_argument("--model-dir", default=None, help="where the random model is saved (default: a temp dir)")
     p.add_argument("--tiny", action="store_true", help="CPU smoke test: tiny model, gloo, a few tiny steps")
