@@ -114,47 +114,41 @@ class SGLangDistributedTransport(WeightTransport):
                 f"'sglang-distributed' transport: rank {self.rank} already joined a weight group"
             )
         timeout = timedelta(seconds=self.config.timeout_s)
-        backend = self.platform.dist_backend
         if rank == 0:
-            self._store, self._group = weight_group(backend, master_addr, master_port, 0, world_size, timeout)
-            headers = self._headers()
-            # Every engine has joined when the ranks they announced add up to the group's receivers.
-            _wait_for(
-                lambda: headers.add("receiver_ranks", 0) == world_size - 1,
-                self.config.timeout_s,
-                "every engine to join",
-            )
-            self._receivers = headers.add("receivers", 0)
-            served = json.loads(headers.get("layout"))
-            self._served = ModelWeights(
-                WeightLayout(
-                    served["model_path"],
-                    {name: tuple(shape) for name, shape in served["shapes"].items()},
-                    {name: tuple(names) for name, names in served["ties"].items()},
-                )
-            )
-            self._dtype = getattr(torch, served["dtype"])
+            self._join_as_sender(master_addr, master_port, world_size, timeout)
         else:
-            if self._engine is None:
-                raise RuntimeError("'sglang-distributed' transport: attach(engine) before a receiver joins")
-            self._store = dist.TCPStore(master_addr, master_port, is_master=False, timeout=timeout)
-            self._engine.join_weight_group(master_addr, master_port, rank, world_size, GROUP_NAME, backend)
-            layout = self._engine.weights.layout
-            headers = self._headers()
-            headers.set(
-                "layout",
-                json.dumps(
-                    {
-                        "model_path": layout.model_path,
-                        "shapes": {name: list(shape) for name, shape in layout.shapes.items()},
-                        "ties": {name: list(names) for name, names in layout.ties.items()},
-                        "dtype": str(self._engine.dtype).removeprefix("torch."),
-                    }
-                ),
-            )
-            headers.add("receivers", 1)
-            headers.add("receiver_ranks", self.receiver_ranks())
+            self._join_as_receiver(master_addr, master_port, rank, world_size, timeout)
         self.rank = rank
+
+    def _join_as_sender(
+        self, master_addr: str, master_port: int, world_size: int, timeout: timedelta
+    ) -> None:
+        backend = self.platform.dist_backend
+        self._store, self._group = weight_group(backend, master_addr, master_port, 0, world_size, timeout)
+        headers = self._headers()
+        # Every engine has joined when the ranks they announced add up to the group's receivers.
+        _wait_for(
+            lambda: headers.add("receiver_ranks", 0) == world_size - 1,
+            self.config.timeout_s,
+            "every engine to join",
+        )
+        self._receivers = headers.add("receivers", 0)
+        self._served, self._dtype = _served_from_json(headers.get("layout"))
+
+    def _join_as_receiver(
+        self, master_addr: str, master_port: int, rank: int, world_size: int, timeout: timedelta
+    ) -> None:
+        if self._engine is None:
+            raise RuntimeError("'sglang-distributed' transport: attach(engine) before a receiver joins")
+        self._store = dist.TCPStore(master_addr, master_port, is_master=False, timeout=timeout)
+        engine = self._engine
+        engine.join_weight_group(
+            master_addr, master_port, rank, world_size, GROUP_NAME, self.platform.dist_backend
+        )
+        headers = self._headers()
+        headers.set("layout", _served_to_json(engine.weights.layout, engine.dtype))
+        headers.add("receivers", 1)
+        headers.add("receiver_ranks", self.receiver_ranks())
 
     def close(self) -> None:
         """Leave the group (the sender; SGLang keeps its end until the engine shuts down)."""
@@ -305,6 +299,28 @@ def weight_group(
     )
     _world.pg_group_ranks[group] = {i: i for i in range(world_size)}
     return store, group
+
+
+def _served_to_json(layout: WeightLayout, dtype: torch.dtype) -> str:
+    """What an engine serves (its weight layout and dtype), for the sender to check the stream against."""
+    return json.dumps(
+        {
+            "model_path": layout.model_path,
+            "shapes": {name: list(shape) for name, shape in layout.shapes.items()},
+            "ties": {name: list(names) for name, names in layout.ties.items()},
+            "dtype": str(dtype).removeprefix("torch."),
+        }
+    )
+
+
+def _served_from_json(text: str | bytes) -> tuple[ModelWeights, torch.dtype]:
+    served = json.loads(text)
+    layout = WeightLayout(
+        served["model_path"],
+        {name: tuple(shape) for name, shape in served["shapes"].items()},
+        {name: tuple(names) for name, names in served["ties"].items()},
+    )
+    return ModelWeights(layout), getattr(torch, served["dtype"])
 
 
 def _wait_for(done: Any, timeout_s: float, what: str) -> None:
