@@ -1,7 +1,8 @@
-"""rlcore's Megatron engine on two GPUs: numerics against HF in bf16, and training tokens/s.
+"""rlcore's Megatron engine on one or two GPUs: numerics against HF in bf16, and training tokens/s.
 
 For each layout (``--layouts``: ``tp2`` tensor-parallel, ``pp2`` two pipeline stages, ``dp2`` data
-parallel with the distributed optimizer) two fresh processes (spawned here, no torchrun) build
+parallel with the distributed optimizer; ``tp1`` with ``--gpus 1``: one GPU, for the row against the
+FSDP engine's ``benchmarks/fsdp_train.py``) ``--gpus`` fresh processes (spawned here, no torchrun) build
 ``MegatronEngine`` in bf16 from a random Qwen2.5-0.5B-shaped model (built and saved here: no download),
 then
 
@@ -46,7 +47,8 @@ from rlcore.api import Batch, DistInfo, EngineSpec
 from rlcore.devices import get_platform
 
 REPO = Path(__file__).resolve().parents[1]
-LAYOUTS = {"tp2": (2, 1), "pp2": (1, 2), "dp2": (1, 1)}  # (tensor, pipeline) parallel sizes on 2 ranks
+#: (tensor, pipeline) parallel sizes; the rest of ``--gpus`` is data parallel (``tp1``/``dp2``: none).
+LAYOUTS = {"tp1": (1, 1), "tp2": (2, 1), "pp2": (1, 2), "dp2": (1, 1)}
 
 
 # -- model and data ----------------------------------------------------------------------------------
@@ -192,6 +194,7 @@ def environment(platform) -> dict:
 def parse_args(argv=None):
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--layouts", nargs="+", default=["tp2", "pp2"], choices=sorted(LAYOUTS))
+    p.add_argument("--gpus", type=int, default=2, help="processes (devices); 1 with --layouts tp1")
     p.add_argument("--tokens-per-step", type=int, default=65536, help="real tokens per GPU and step")
     p.add_argument("--max-tokens-per-micro-batch", type=int, default=16384)
     p.add_argument("--probe-tokens", type=int, default=8192, help="real tokens of the numerics probe")
@@ -212,6 +215,10 @@ def parse_args(argv=None):
         args.device, args.peak_tflops = "cpu", 0.0
         args.tokens_per_step, args.max_tokens_per_micro_batch, args.probe_tokens = 256, 128, 128
         args.min_len, args.max_len, args.steps, args.warmup = 16, 48, 2, 1
+    for layout in args.layouts:
+        tp, pp = LAYOUTS[layout]
+        if args.gpus % (tp * pp):
+            p.error(f"layout {layout} (tp={tp}, pp={pp}) does not fit --gpus {args.gpus}")
     return args
 
 
@@ -222,7 +229,7 @@ def main(argv=None) -> None:
     folder = Path(args.model_dir or tempfile.mkdtemp(prefix="megatron-bench-"))
     path = str(save_random_model(folder, device, args.tiny))
     platform.empty_cache()
-    world = 2
+    world = args.gpus
     if platform.device_type != "cpu" and platform.device_count() < world:
         sys.exit(f"needs {world} devices, {platform.device_count()} visible")
     with tempfile.TemporaryDirectory() as tmp:
