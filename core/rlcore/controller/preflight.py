@@ -168,7 +168,7 @@ def _transport_problems(config: Any) -> Iterator[str]:
     from rlcore.plugins import registry
 
     name = config.transport.name
-    if name in ("auto",) or _import_problem("transport.name", "weight_transports", name):
+    if name == "auto" or _import_problem("transport.name", "weight_transports", name):
         return
     transport = registry("weight_transports").get(name)
     placements = getattr(transport, "placements", None)

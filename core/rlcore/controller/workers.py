@@ -214,11 +214,7 @@ class Worker:
         from rlcore.transports import build_transport
 
         if name not in self._transports:
-            transport = build_transport(transport_config_for(name, config), self.platform)
-            attach = getattr(transport, "attach", None)
-            if callable(attach) and isinstance(self, RolloutWorker):
-                attach(self.engine)  # a transport whose receiving end is the engine itself
-            self._transports[name] = transport
+            self._transports[name] = build_transport(transport_config_for(name, config), self.platform)
         return self._transports[name]
 
     def _close_transports(self) -> None:
@@ -466,6 +462,16 @@ class RolloutWorker(Worker):
                 cached[1].close()
             self._agent = (key, build_agent_loop(self.engine, agent, tokenizer_path))
         return self._agent[1]
+
+    def _transport(self, name: str, config: Any) -> Any:
+        """As :meth:`Worker._transport`; a new transport with ``attach`` gets this worker's engine (a
+        transport whose receiving end is the engine itself)."""
+        new = name not in self._transports
+        transport = super()._transport(name, config)
+        attach = getattr(transport, "attach", None)
+        if new and callable(attach):
+            attach(self.engine)
+        return transport
 
     def weight_group_ranks(self, transport: str, transport_config: Any) -> int:
         """How many ranks of a collective transport's group this replica takes: 1 (this process), or

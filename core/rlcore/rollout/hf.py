@@ -79,7 +79,7 @@ class HFRollout(RolloutEngine):
         config = config if config is not None else HFRolloutConfig()
         super().__init__(spec, config, platform)
         dtype = rollout_dtype(spec.dtype)
-        self.device = _current_device(platform)
+        self.device = platform.current_device()  # set_device ran earlier, or device 0
         self.tokenizer = AutoTokenizer.from_pretrained(spec.model_path)
         kwargs = {
             "dtype": dtype,
@@ -511,13 +511,6 @@ class _LogProbRecorder(LogitsProcessor):
         if not steps:
             return torch.zeros(generated.shape, dtype=torch.float32)
         return torch.stack(steps, dim=1).cpu()
-
-
-def _current_device(platform: DevicePlatform) -> torch.device:
-    """The device this process is bound to (``platform.set_device`` ran earlier, or device 0)."""
-    if platform.device_type == "cpu":
-        return torch.device("cpu")
-    return torch.device(platform.device_type, torch.get_device_module(platform.device_type).current_device())
 
 
 def _eos_ids(generation_config: GenerationConfig, tokenizer) -> list[int]:

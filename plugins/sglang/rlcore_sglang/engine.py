@@ -43,6 +43,7 @@ from rlcore.api import (
     request_seeds,
     rollout_dtype,
 )
+from rlcore.devices import get_platform
 
 from rlcore_sglang.config import SGLangConfig
 from rlcore_sglang.engine_loop import EngineLoop
@@ -116,7 +117,9 @@ class SGLangRollout(RolloutEngine):
         self.weights = ModelWeights.from_pretrained(spec.model_path)
         self.vocab_size = self.weights.layout.shapes[_embedding_name(self.weights)][0]
         self.max_model_len = spec.max_model_len
-        self.device = _current_device(platform)
+        # Where weight buckets are packed: this process's accelerator (SGLang's scheduler opens them by
+        # CUDA IPC handle), or the CPU.
+        self.device = (platform if platform is not None else get_platform("auto")).current_device()
         args = engine_args(spec, config)
         with (
             _env(RAW_LOGPROB_ENV, "1" if config.logprobs_mode == "raw_logprobs" else "0"),
@@ -416,17 +419,6 @@ def _loaded_note(sent: list[str]) -> str:
         f"{len(sent)} tensors before it were loaded (every other weight keeps its old value; send a "
         f"complete stream to make the model consistent again)"
     )
-
-
-def _current_device(platform: DevicePlatform | None) -> torch.device:
-    """Where weight buckets are packed: this process's current accelerator (SGLang's scheduler opens
-    them by CUDA IPC handle), or the CPU."""
-    device_type = (
-        platform.device_type if platform is not None else ("cuda" if torch.cuda.is_available() else "cpu")
-    )
-    if device_type == "cpu":
-        return torch.device("cpu")
-    return torch.device(device_type, torch.get_device_module(device_type).current_device())
 
 
 @contextlib.contextmanager
