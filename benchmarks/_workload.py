@@ -44,6 +44,13 @@ SHAPES = {
         num_attention_heads=12,
         num_key_value_heads=2,
     ),
+    "qwen2.5-7b": dict(
+        hidden_size=3584,
+        intermediate_size=18944,
+        num_hidden_layers=28,
+        num_attention_heads=28,
+        num_key_value_heads=4,
+    ),
     "tiny": dict(
         hidden_size=64,
         intermediate_size=128,
@@ -52,7 +59,9 @@ SHAPES = {
         num_key_value_heads=2,
     ),
 }
-VOCAB = {"tiny": 512}
+VOCAB = {"tiny": 512, "qwen2.5-7b": 152064}
+#: Shapes whose output layer is its own matrix (Qwen2.5-7B); the smaller ones tie it to the embedding.
+UNTIED = {"qwen2.5-7b"}
 
 
 def qwen2_config(name: str):
@@ -65,7 +74,7 @@ def qwen2_config(name: str):
         head_dim=shape["hidden_size"] // shape["num_attention_heads"],
         max_position_embeddings=32768,
         rope_theta=1000000.0,
-        tie_word_embeddings=True,
+        tie_word_embeddings=name not in UNTIED,
         rms_norm_eps=1e-6,
     )
 
@@ -134,6 +143,18 @@ def nll_loss(outputs, micro):
     """Response-token NLL over the step's global response-token count (an rlcore ``LossFn``)."""
     mask = micro["response_mask"].to(outputs["log_probs"].dtype)
     return -(outputs["log_probs"] * mask).sum() / micro.meta["global_tokens"], {}
+
+
+def reset_peak_memory() -> None:
+    if torch.accelerator.is_available():
+        torch.accelerator.reset_peak_memory_stats()
+
+
+def peak_memory_gib(platform) -> float:
+    """Peak allocated device memory since :func:`reset_peak_memory`; on a CPU the process RSS."""
+    if torch.accelerator.is_available():
+        return torch.accelerator.max_memory_allocated() / 2**30
+    return platform.memory_stats()["allocated_gib"]
 
 
 def free_port() -> int:

@@ -52,7 +52,17 @@ from pathlib import Path
 
 import torch
 import torch.multiprocessing as mp
-from _workload import SHAPES, free_port, nll_loss, qwen2_config, rl_batch, save_random_model, step_flops
+from _workload import (
+    SHAPES,
+    free_port,
+    nll_loss,
+    peak_memory_gib,
+    qwen2_config,
+    reset_peak_memory,
+    rl_batch,
+    save_random_model,
+    step_flops,
+)
 from rlcore.api import Batch, DistInfo, EngineSpec
 from rlcore.controller.balance import balanced_order
 from rlcore.devices import get_platform
@@ -179,18 +189,6 @@ def shard(batch: Batch, world: int, rank: int) -> Batch:
     """This rank's share of a step, split as rlcore's controller splits it (token-balanced)."""
     order = balanced_order(batch["attention_mask"].sum(-1).tolist(), world)
     return batch.index(order).chunk(world)[rank]
-
-
-def reset_peak_memory() -> None:
-    if torch.accelerator.is_available():
-        torch.accelerator.reset_peak_memory_stats()
-
-
-def peak_memory_gib(platform) -> float:
-    """Peak allocated device memory since :func:`reset_peak_memory`; on a CPU the process RSS."""
-    if torch.accelerator.is_available():
-        return torch.accelerator.max_memory_allocated() / 2**30
-    return platform.memory_stats()["allocated_gib"]
 
 
 def profile_step(system, batch: Batch, platform, path: str, rank: int) -> None:

@@ -3,8 +3,8 @@
 For each layout (``--layouts``: ``tp2`` tensor-parallel, ``pp2`` two pipeline stages, ``dp2`` data
 parallel with the distributed optimizer; ``tp1`` with ``--gpus 1``: one GPU, for the row against the
 FSDP engine's ``benchmarks/fsdp_train.py``) ``--gpus`` fresh processes (spawned here, no torchrun) build
-``MegatronEngine`` in bf16 from a random Qwen2.5-0.5B-shaped model (built and saved here: no download),
-then
+``MegatronEngine`` in bf16 from a random model of the ``--model`` shape (Qwen2.5-0.5B by default; built
+and saved here: no download), then
 
 1. **numerics**: ``infer`` log-probs and entropy on a probe batch, compared with the HF model on the same
    bf16 weights run in fp32 (the reference). HF's own bf16 forward is measured against the same reference;
@@ -42,7 +42,7 @@ from pathlib import Path
 import _workload
 import torch
 import torch.multiprocessing as mp
-from _workload import free_port, nll_loss, rl_batch, step_flops
+from _workload import SHAPES, free_port, nll_loss, peak_memory_gib, reset_peak_memory, rl_batch, step_flops
 from rlcore.api import Batch, DistInfo, EngineSpec
 from rlcore.devices import get_platform
 
@@ -52,13 +52,13 @@ LAYOUTS = {"tp1": (1, 1), "tp2": (2, 1), "pp2": (1, 2), "dp2": (1, 1)}
 
 
 # -- model and data ----------------------------------------------------------------------------------
-def save_random_model(folder: Path, device: torch.device, tiny: bool) -> Path:
-    """The random-init Qwen2.5-0.5B-shaped causal LM of ``_workload.py`` (or the tiny test model)."""
+def save_random_model(folder: Path, device: torch.device, model: str, tiny: bool) -> Path:
+    """The random-init causal LM of ``_workload.py`` shaped as ``model`` (or the tiny test model)."""
     if tiny:
         from rlcore.testing.tiny import build_tiny_model
 
         return build_tiny_model(folder / "tiny")
-    return _workload.save_random_model("qwen2.5-0.5b", folder, device)
+    return _workload.save_random_model(model, folder, device)
 
 
 # -- one process per GPU -----------------------------------------------------------------------------
@@ -98,6 +98,7 @@ def worker(rank: int, world: int, port: int, args, path: str, out: str) -> None:
             pipeline_model_parallel_size=pp,
             use_remove_padding=args.remove_padding,
             logits_chunk_size=args.logits_chunk_size,
+            overlap_grad_reduce=args.overlap_grad_reduce,
         )
         info = DistInfo(rank=rank, world_size=world, local_rank=rank, master_port=port)
         started = time.perf_counter()
@@ -108,6 +109,7 @@ def worker(rank: int, world: int, port: int, args, path: str, out: str) -> None:
         if result is not None:  # TP rank 0 of the last stage, one per data-parallel rank
             probes[layout] = (dp_rank, {k: v.float() for k, v in result.tensors.items()})
         times = []
+        reset_peak_memory()
         for batch, _ in steps:
             platform.synchronize()
             t0 = time.perf_counter()
@@ -132,6 +134,7 @@ def worker(rank: int, world: int, port: int, args, path: str, out: str) -> None:
                 "tokens_per_step": tokens,
                 "build_s": build_s,
                 "last_loss": metrics["loss"],
+                "peak_memory_gib": peak_memory_gib(platform),
                 "memory_gib": platform.memory_stats(),
             }
         )
@@ -193,6 +196,7 @@ def environment(platform) -> dict:
 
 def parse_args(argv=None):
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("--model", default="qwen2.5-0.5b", choices=sorted(SHAPES), help="shape of the random model")
     p.add_argument("--layouts", nargs="+", default=["tp2", "pp2"], choices=sorted(LAYOUTS))
     p.add_argument("--gpus", type=int, default=2, help="processes (devices); 1 with --layouts tp1")
     p.add_argument("--tokens-per-step", type=int, default=65536, help="real tokens per GPU and step")
@@ -206,6 +210,7 @@ def parse_args(argv=None):
     p.add_argument("--gradient-checkpointing", action="store_true")
     p.add_argument("--remove-padding", action="store_true", help="megatron.use_remove_padding (packed thd)")
     p.add_argument("--logits-chunk-size", type=int, default=None, help="megatron.logits_chunk_size")
+    p.add_argument("--overlap-grad-reduce", action="store_true", help="megatron.overlap_grad_reduce")
     p.add_argument("--device", default="auto", help="rlcore device platform name")
     p.add_argument("--model-dir", default=None, help="where the random model is saved (default: a temp dir)")
     p.add_argument("--tiny", action="store_true", help="CPU smoke test: tiny model, gloo, a few tiny steps")
@@ -227,7 +232,7 @@ def main(argv=None) -> None:
     platform = get_platform(args.device)
     device = platform.set_device(0)
     folder = Path(args.model_dir or tempfile.mkdtemp(prefix="megatron-bench-"))
-    path = str(save_random_model(folder, device, args.tiny))
+    path = str(save_random_model(folder, device, args.model, args.tiny))
     platform.empty_cache()
     world = args.gpus
     if platform.device_type != "cpu" and platform.device_count() < world:
@@ -254,6 +259,7 @@ def main(argv=None) -> None:
         n = row["numerics"]
         print(
             f"{row['layout']:<4} tokens/s {row['tokens_per_s']:>12,.0f}  MFU {mfu:>6}  step {row['step_s_median']:.3f}s"
+            f"  peak {row['peak_memory_gib']:.1f} GiB"
             f"  log-prob err mean {n['log_probs_mean_abs_err']:.2e} max {n['log_probs_max_abs_err']:.2e}"
             f"  within bf16 tolerance: {n['within_bf16_tolerance']}"
         )

@@ -33,6 +33,9 @@ Path('$MODEL').mkdir(parents=True, exist_ok=True); save_model(Path('$MODEL'), '0
   tests-multi) # On 2 GPUs: weights over sglang-distributed from GPU 0 into SGLang on GPU 1, and SGLang at tp_size=2.
          RLCORE_SGLANG_TEST_MODEL=$MODEL step tests-multi 420 python3 -m pytest plugins/sglang/tests/test_multi_gpu.py \
            -v -s -rA --junitxml="$OUT/tests-multi.xml" ;;
+  tests-tp2) # On 2 GPUs: only SGLang at tp_size=2 (the contract suite and the re-sharded trainer sync).
+         RLCORE_SGLANG_TEST_MODEL=$MODEL step tests-tp2 540 python3 -m pytest plugins/sglang/tests/test_multi_gpu.py \
+           -k TestTensorParallel -v -s -rA --durations=0 --junitxml="$OUT/tests-tp2.xml" ;;
   probe-dist) # sglang-distributed in three environments, each in a fresh process (sglang_dist_probe.py).
          for variant in saver-on saver-off cumem-on; do
            step probe-$variant 150 python3 benchmarks/gpu/sglang_dist_probe.py $MODEL $variant

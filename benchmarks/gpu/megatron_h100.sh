@@ -1,0 +1,49 @@
+#!/usr/bin/env bash
+# The Megatron rows of docs/benchmarks.md (issue #17) on the lent 2-GPU machine, next to the FSDP engine.
+#   bash benchmarks/gpu/megatron_h100.sh [stage ...]     (results and logs under $OUT, default /tmp/out)
+# Needs the SGLang bundle unpacked and the project installed first (it carries megatron-core 0.19.2):
+#   bash benchmarks/gpu/sglang_h100.sh unpack setup
+# Stages (each runs the two engines at once, one per GPU, on the same workload of benchmarks/_workload.py):
+#   pair-0.5b    Megatron TP=1 (packed var-len attention, chunked head) on GPU A, FSDP's tuned setting on GPU B
+#   pair-1.5b    the same for the 1.5B shape at 256k tokens per step (the MFU rows)
+#   swap-0.5b, swap-1.5b   the same pairs with the GPUs swapped (the independent re-run of each row)
+#   tp2          Megatron TP=2, PP=2 and DP=2 on both GPUs (0.5B), for the scaling rows against pair-0.5b
+#   tp2-1.5b     Megatron TP=2 and DP=2 on both GPUs (1.5B)
+set -uo pipefail
+OUT=${OUT:-/tmp/out}; mkdir -p "$OUT"
+export PYTHONPATH=/tmp/proj:/tmp/site TOKENIZERS_PARALLELISM=false
+MODELS=/tmp/rlcore-bench-models
+MEGATRON="--remove-padding --logits-chunk-size 4096 --max-tokens-per-micro-batch 16384"
+FSDP="--systems fsdp-mp-varlen-compile --no-reshard-after-forward --reduce-grads-once-per-step \
+  --max-tokens-per-micro-batch 16384 --logits-chunk-size 4096 --no-recompute-logits"
+run() { local name=$1 limit=$2; shift 2
+  echo "== $name: $*" | tee -a "$OUT/commands.txt"
+  timeout "$limit" "$@" > "$OUT/$name.log" 2>&1; echo "exit $?" >> "$OUT/$name.log"; }
+# pair NAME MODEL TOKENS STEPS WARMUP MEGATRON_GPU FSDP_GPU: both engines at once, one GPU each.
+pair() { local name=$1 model=$2 tokens=$3 steps=$4 warmup=$5 ga=$6 gb=$7
+  local common="--tokens-per-step $tokens --steps $steps --warmup $warmup"
+  save_model "$model"
+  CUDA_VISIBLE_DEVICES=$ga run "$name-megatron" 500 python3 benchmarks/megatron_gpu.py --gpus 1 --layouts tp1 \
+    --model "$model" --model-dir $MODELS $MEGATRON $common --out "$OUT/$name-megatron.json" &
+  CUDA_VISIBLE_DEVICES=$gb run "$name-fsdp" 500 python3 benchmarks/fsdp_train.py --gpus 1 --models "$model" \
+    $FSDP $common --model-dir $MODELS --out "$OUT/$name-fsdp.json" &
+  wait; tail -n 3 "$OUT/$name-megatron.log" "$OUT/$name-fsdp.log"; }
+# The random model once, before two processes would both write it.
+save_model() { python3 -c "
+import sys, torch; sys.path.insert(0, 'benchmarks')
+from pathlib import Path; from _workload import save_random_model
+print(save_random_model('$1', Path('$MODELS'), torch.device('cuda')))" >> "$OUT/models.log" 2>&1; }
+mkdir -p $MODELS
+for stage in "$@"; do case $stage in
+  pair-0.5b) pair pair-0.5b qwen2.5-0.5b 65536 5 3 0 1 ;;
+  swap-0.5b) pair swap-0.5b qwen2.5-0.5b 65536 5 3 1 0 ;;
+  pair-1.5b) pair pair-1.5b qwen2.5-1.5b 262144 3 2 0 1 ;;
+  swap-1.5b) pair swap-1.5b qwen2.5-1.5b 262144 3 2 1 0 ;;
+  tp2) save_model qwen2.5-0.5b; run tp2 400 python3 benchmarks/megatron_gpu.py --gpus 2 --layouts tp2 dp2 pp2 --model qwen2.5-0.5b \
+         --model-dir $MODELS $MEGATRON --overlap-grad-reduce --tokens-per-step 65536 --steps 5 --warmup 3 \
+         --out "$OUT/tp2-0.5b.json"; tail -n 5 "$OUT/tp2.log" ;;
+  tp2-1.5b) save_model qwen2.5-1.5b; run tp2-1.5b 400 python3 benchmarks/megatron_gpu.py --gpus 2 --layouts tp2 dp2 --model qwen2.5-1.5b \
+         --model-dir $MODELS $MEGATRON --overlap-grad-reduce --tokens-per-step 262144 --steps 3 --warmup 2 \
+         --out "$OUT/tp2-1.5b.json"; tail -n 5 "$OUT/tp2-1.5b.log" ;;
+  *) echo "unknown stage $stage"; exit 2 ;;
+esac; done
