@@ -102,6 +102,19 @@ def engine_args(spec: RolloutSpec, config: SGLangConfig) -> dict[str, Any]:
     return {**kwargs, **config.engine_kwargs}
 
 
+def scheduler_devices(device: torch.device, tp_size: int, engine_kwargs: dict[str, Any]) -> list[torch.device]:
+    """The device of each SGLang tensor-parallel rank, numbered as this process numbers them.
+
+    SGLang's scheduler processes inherit this process's visible devices and put rank ``r`` on device
+    ``base_gpu_id + r * gpu_id_step`` (0 and 1 unless ``engine_kwargs`` says otherwise). A device
+    without an index (the CPU) is every rank's.
+    """
+    if device.index is None:
+        return [device] * tp_size
+    base, step = engine_kwargs.get("base_gpu_id", 0), engine_kwargs.get("gpu_id_step", 1)
+    return [torch.device(device.type, base + r * step) for r in range(tp_size)]
+
+
 class SGLangRollout(RolloutEngine):
     """Generation with SGLang over one model replica (``tensor_parallel_size`` devices)."""
 
@@ -134,7 +147,7 @@ class SGLangRollout(RolloutEngine):
             weights_backup=config.weights_cpu_backup,
             cuda_graph=not config.disable_cuda_graph,
         )
-        self._tp_size = spec.tensor_parallel_size
+        self._rank_devices = scheduler_devices(self.device, spec.tensor_parallel_size, args)
         self._flattened = importlib.util.find_spec("sglang.srt.weight_sync.tensor_bucket") is not None
         self._warned_seed = False
 
@@ -313,6 +326,12 @@ class SGLangRollout(RolloutEngine):
         # CUDA IPC handles name the device by UUID, so a scheduler whose device numbering differs (its
         # own CUDA_VISIBLE_DEVICES) opens the right one; SGLang's receiving side expects this patch.
         monkey_patch_torch_reductions()
+        # Each rank gets the bucket on its own device: a rank that opened another device's memory made a
+        # context there and failed its copy ("CUDA error: invalid argument", tp_size=2 on 2 x H200).
+        flats: dict[torch.device, torch.Tensor] = {bucket.flat.device: bucket.flat}
+        for device in self._rank_devices:
+            if device not in flats:
+                flats[device] = bucket.flat.to(device)
         if self._flattened:
             from sglang.srt.weight_sync.tensor_bucket import FlattenedTensorMetadata
 
@@ -327,17 +346,21 @@ class SGLangRollout(RolloutEngine):
                 )
                 for s in bucket.slots
             ]
-            payload = MultiprocessingSerializer.serialize(
-                {"flattened_tensor": bucket.flat, "metadata": metadata}
-            )
+            payloads = {
+                device: MultiprocessingSerializer.serialize({"flattened_tensor": flat, "metadata": metadata})
+                for device, flat in flats.items()
+            }
             load_format = "flattened_bucket"
         else:
             from rlcore_sglang.weight_stream import unpack
 
-            payload = MultiprocessingSerializer.serialize(unpack(bucket))
+            payloads = {
+                device: MultiprocessingSerializer.serialize(unpack(PackedBucket(flat, bucket.slots)))
+                for device, flat in flats.items()
+            }
             load_format = None
         request = UpdateWeightsFromTensorReqInput(
-            serialized_named_tensors=[payload] * self._tp_size,  # every rank opens the same IPC handle
+            serialized_named_tensors=[payloads[device] for device in self._rank_devices],
             load_format=load_format,
             flush_cache=False,  # once after the whole stream, not per bucket
         )

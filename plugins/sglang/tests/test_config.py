@@ -9,7 +9,8 @@ import attrs
 import pytest
 from rlcore.api import RolloutSpec
 from rlcore_sglang.config import OWNED_ENGINE_ARGS, SGLangConfig
-from rlcore_sglang.engine import engine_args
+import torch
+from rlcore_sglang.engine import engine_args, scheduler_devices
 
 RLCORE = Path(sys.executable).with_name("rlcore")
 
@@ -78,6 +79,16 @@ def test_engine_kwargs_pass_through_and_backup_needs_the_saver():
     args = engine_args(spec, SGLangConfig(engine_kwargs={"max_running_requests": 64, "log_level": "info"}))
     assert args["max_running_requests"] == 64 and args["log_level"] == "info"
     assert engine_args(spec, SGLangConfig(enable_memory_saver=False))["enable_weights_cpu_backup"] is False
+
+
+def test_each_tensor_parallel_rank_gets_its_own_device():
+    """Where the weight buckets for each SGLang rank must be: rank r on base_gpu_id + r * gpu_id_step."""
+    spec = RolloutSpec(model_path="m", tensor_parallel_size=2)
+    cuda0 = torch.device("cuda", 0)
+    assert scheduler_devices(cuda0, 2, engine_args(spec, SGLangConfig())) == [cuda0, torch.device("cuda", 1)]
+    moved = engine_args(spec, SGLangConfig(engine_kwargs={"base_gpu_id": 2, "gpu_id_step": 2}))
+    assert scheduler_devices(cuda0, 2, moved) == [torch.device("cuda", 2), torch.device("cuda", 4)]
+    assert scheduler_devices(torch.device("cpu"), 2, {}) == [torch.device("cpu")] * 2
 
 
 def test_every_field_is_documented():
