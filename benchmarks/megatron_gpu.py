@@ -30,6 +30,7 @@ CPU smoke test (tiny model, gloo; imports the *test-only* CUDA redirection of
 from __future__ import annotations
 
 import argparse
+import functools
 import gc
 import json
 import os
@@ -42,6 +43,7 @@ from pathlib import Path
 import _workload
 import torch
 import torch.multiprocessing as mp
+from _profile import profile_call
 from _workload import SHAPES, free_port, nll_loss, peak_memory_gib, reset_peak_memory, rl_batch, step_flops
 from rlcore.api import Batch, DistInfo, EngineSpec
 from rlcore.devices import get_platform
@@ -69,6 +71,8 @@ def worker(rank: int, world: int, port: int, args, path: str, out: str) -> None:
 
         mcore_cpu_redirect.install()
         torch.set_num_threads(1)
+    else:  # each rank its share of the host's cores, as fsdp_train.py (and Ray) give them
+        torch.set_num_threads(max(1, (os.cpu_count() or 1) // world))
     import torch.distributed as dist
     from megatron.core import parallel_state as mpu
     from rlcore_megatron.config import MegatronConfig
@@ -116,6 +120,10 @@ def worker(rank: int, world: int, port: int, args, path: str, out: str) -> None:
             metrics = engine.train_step(batch.chunk(dp_size)[dp_rank], nll_loss)
             platform.synchronize()
             times.append(time.perf_counter() - t0)
+        if args.profile:  # one more step; every rank steps (collectives), rank 0 writes
+            shard = steps[-1][0].chunk(dp_size)[dp_rank]
+            where = Path(args.profile) / f"megatron-{args.model}-{layout}.txt"
+            profile_call(functools.partial(engine.train_step, shard, nll_loss), str(where), write=rank == 0)
         timed = times[args.warmup :]
         median = statistics.median(timed)
         tokens = statistics.median(sum(lengths) for _, lengths in steps[args.warmup :])
@@ -196,7 +204,9 @@ def environment(platform) -> dict:
 
 def parse_args(argv=None):
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    p.add_argument("--model", default="qwen2.5-0.5b", choices=sorted(SHAPES), help="shape of the random model")
+    p.add_argument(
+        "--model", default="qwen2.5-0.5b", choices=sorted(SHAPES), help="shape of the random model"
+    )
     p.add_argument("--layouts", nargs="+", default=["tp2", "pp2"], choices=sorted(LAYOUTS))
     p.add_argument("--gpus", type=int, default=2, help="processes (devices); 1 with --layouts tp1")
     p.add_argument("--tokens-per-step", type=int, default=65536, help="real tokens per GPU and step")
@@ -211,6 +221,7 @@ def parse_args(argv=None):
     p.add_argument("--remove-padding", action="store_true", help="megatron.use_remove_padding (packed thd)")
     p.add_argument("--logits-chunk-size", type=int, default=None, help="megatron.logits_chunk_size")
     p.add_argument("--overlap-grad-reduce", action="store_true", help="megatron.overlap_grad_reduce")
+    p.add_argument("--profile", default=None, help="folder for each layout's top operators (one more step)")
     p.add_argument("--device", default="auto", help="rlcore device platform name")
     p.add_argument("--model-dir", default=None, help="where the random model is saved (default: a temp dir)")
     p.add_argument("--tiny", action="store_true", help="CPU smoke test: tiny model, gloo, a few tiny steps")
