@@ -8,6 +8,7 @@
 #   pair-1.5b    the same for the 1.5B shape at 256k tokens per step (the MFU rows)
 #   swap-0.5b, swap-1.5b   the same pairs with the GPUs swapped (the independent re-run of each row)
 #   tp2          Megatron TP=2, PP=2 and DP=2 on both GPUs (0.5B), for the scaling rows against pair-0.5b
+#   profile      Megatron TP=1 (0.5B) with one profiled step: $OUT/profile/megatron-qwen2.5-0.5b-tp1.txt
 #   tp2-1.5b     Megatron TP=2 and DP=2 on both GPUs (1.5B)
 set -uo pipefail
 OUT=${OUT:-/tmp/out}; mkdir -p "$OUT"
@@ -39,6 +40,9 @@ for stage in "$@"; do case $stage in
   swap-0.5b) pair swap-0.5b qwen2.5-0.5b 65536 5 3 1 0 ;;
   pair-1.5b) pair pair-1.5b qwen2.5-1.5b 262144 3 2 0 1 ;;
   swap-1.5b) pair swap-1.5b qwen2.5-1.5b 262144 3 2 1 0 ;;
+  profile) save_model qwen2.5-0.5b; CUDA_VISIBLE_DEVICES=0 run profile 300 python3 benchmarks/megatron_gpu.py \
+         --gpus 1 --layouts tp1 --model qwen2.5-0.5b --model-dir $MODELS $MEGATRON --tokens-per-step 65536 \
+         --steps 2 --warmup 2 --profile "$OUT/profile" --out "$OUT/profile-0.5b.json"; tail -n 3 "$OUT/profile.log" ;;
   tp2) save_model qwen2.5-0.5b; run tp2 400 python3 benchmarks/megatron_gpu.py --gpus 2 --layouts tp2 dp2 pp2 --model qwen2.5-0.5b \
          --model-dir $MODELS $MEGATRON --overlap-grad-reduce --tokens-per-step 65536 --steps 5 --warmup 3 \
          --out "$OUT/tp2-0.5b.json"; tail -n 5 "$OUT/tp2.log" ;;
