@@ -35,6 +35,7 @@ from transformers import AutoConfig
 
 from rlcore_megatron import checkpoint
 from rlcore_megatron.architecture import model_shape
+from rlcore_megatron.attention import PackedRotary, PackedSequences
 from rlcore_megatron.config import MegatronConfig
 from rlcore_megatron.convert import param_maps
 from rlcore_megatron.export import hf_named_tensors
@@ -78,28 +79,26 @@ def _finalize_grads(model_chunks, num_tokens=None, *args, **kwargs):
 @attrs.frozen
 class _Micro:
     """A micro-batch on the device, its left-aligned tokens and (``megatron.use_remove_padding``) the
-    same tokens packed into one row."""
+    same tokens packed into one row with each token's rotary angles ``rotary_freqs [T, 1, 1, head_dim]``."""
 
     batch: Batch
     aligned: Aligned
     packed: Packed | None = None
+    rotary_freqs: torch.Tensor | None = None
 
     def model_inputs(self) -> tuple[torch.Tensor, torch.Tensor, PackedSeqParams | None]:
         """``(input_ids, position_ids, packed_seq_params)`` for ``GPTModel``."""
         if self.packed is None:
             return self.aligned.tokens, self.aligned.position_ids, None
         p = self.packed
-        # megatron-core's rotary embedding takes the "padded" boundaries when given and splits the
-        # tokens per sequence with them on the host (``.tolist()``): handed the host copy, no layer syncs
-        # with the device for it (the sequences are not padded: the same boundaries).
-        params = PackedSeqParams(
+        params = PackedSequences(
             qkv_format="thd",
             cu_seqlens_q=p.cu_seqlens,
             cu_seqlens_kv=p.cu_seqlens,
-            cu_seqlens_q_padded=p.cu_seqlens_host,
-            cu_seqlens_kv_padded=p.cu_seqlens_host,
             max_seqlen_q=p.max_seqlen,
             max_seqlen_kv=p.max_seqlen,
+            rotary_freqs=self.rotary_freqs,
+            cu_seqlens_host=p.cu_seqlens_host,
         )
         return p.tokens, p.position_ids, params
 
@@ -156,6 +155,12 @@ class MegatronEngine(TrainEngine):
         tensor_parallel.model_parallel_cuda_manual_seed(spec.seed)
         self.tf_config = transformer_config(
             self.shape, cfg, self.dtype, recompute=spec.gradient_checkpointing
+        )
+        #: Rotary angles of packed micro-batches (``megatron.use_remove_padding``), else None.
+        self.rotary = (
+            PackedRotary(self.tf_config, self.shape.rope_theta, self.shape.rope_scaling_factor)
+            if cfg.use_remove_padding
+            else None
         )
         module = build_stage_model(
             self.shape,
@@ -270,7 +275,12 @@ class MegatronEngine(TrainEngine):
         for mb in batches:
             mb = Batch({k: v.to(self.device) for k, v in mb.tensors.items()}, mb.objects, mb.meta)
             aligned = left_align(mb["input_ids"], mb["attention_mask"], multiple)
-            out.append(_Micro(mb, aligned, pack(aligned) if self.config.use_remove_padding else None))
+            if self.rotary is None:
+                out.append(_Micro(mb, aligned))
+                continue
+            packed = pack(aligned)
+            # Once per micro-batch, for every layer of this stage (rlcore_megatron.attention says why).
+            out.append(_Micro(mb, aligned, packed, self.rotary(packed.position_ids[0], packed.max_seqlen)))
         return out
 
     def _head_outputs(

@@ -124,7 +124,8 @@ def build_stage_model(
         post_process=last,
         parallel_output=True,
         share_embeddings_and_output_weights=shape.tie_word_embeddings and lm,
-        position_embedding_type="rope",
+        # Packed: the core attention rotates the whole pack itself (rlcore_megatron.attention says why).
+        position_embedding_type="none" if cfg.use_remove_padding else "rope",
         rotary_base=shape.rope_theta,
         rope_scaling=shape.rope_scaling_factor is not None,
         rope_scaling_factor=shape.rope_scaling_factor or 8.0,

@@ -182,6 +182,9 @@ def packed1(rank, world, port, qwen, batch, work_dir):
             r["host_reads"] = _host_reads_of_boundaries(lambda e=eng: _infer(e, batch, ("log_probs",)))
             undo = _leaky_attention()
             r["leaky_infer"] = _infer(eng, batch, ("log_probs",))
+            # With an attention whose work does not depend on the number of sequences (the leaky one),
+            # what else does a forward do per sequence? Packs of 1 and of 3 rows (one micro-batch each).
+            r["forward_ops"] = {n: _ops_per_forward(eng, batch.index(slice(0, n))) for n in (1, 3)}
             undo()
         r[f"{name}_metrics"] = eng.train_step(batch, nll_loss)
         r[f"{name}_grads"] = _grads(eng)
@@ -200,6 +203,34 @@ def packed1(rank, world, port, qwen, batch, work_dir):
     _save(r, Path(work_dir), "packed1", rank)
 
 
+def _ops_per_forward(engine, batch) -> int:
+    """Operators dispatched inside the model's forward while ``engine`` infers ``batch``."""
+    from torch.utils._python_dispatch import TorchDispatchMode
+
+    class Count(TorchDispatchMode):
+        ops = 0
+
+        def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+            Count.ops += 1
+            return func(*args, **(kwargs or {}))
+
+    mode = Count()
+
+    def enter(*_):  # hooks return None: a value would replace the forward's inputs or outputs
+        mode.__enter__()
+
+    def leave(*_):
+        mode.__exit__(None, None, None)
+
+    hooks = [engine.module.register_forward_pre_hook(enter), engine.module.register_forward_hook(leave)]
+    try:
+        _infer(engine, batch, ("log_probs",))
+    finally:
+        for hook in hooks:
+            hook.remove()
+    return Count.ops
+
+
 def _host_reads_of_boundaries(run) -> dict[str, int]:
     """``run()`` counting ``tolist``/``item`` calls on each micro-batch's sequence boundaries: on the
     device copy (each a sync on a GPU) and on the host copy the engine passes beside it."""
@@ -212,7 +243,7 @@ def _host_reads_of_boundaries(run) -> dict[str, int]:
     def spied_inputs(self):
         tokens, positions, params = model_inputs(self)
         device_ids.add(id(params.cu_seqlens_q))
-        host_ids.add(id(params.cu_seqlens_q_padded))
+        host_ids.add(id(params.cu_seqlens_host))
         return tokens, positions, params
 
     originals = {name: getattr(torch.Tensor, name) for name in ("tolist", "item")}
