@@ -183,8 +183,8 @@ def packed1(rank, world, port, qwen, batch, work_dir):
             undo = _leaky_attention()
             r["leaky_infer"] = _infer(eng, batch, ("log_probs",))
             # With an attention whose work does not depend on the number of sequences (the leaky one),
-            # what else does a forward do per sequence? Packs of 1 and of 3 rows (one micro-batch each).
-            r["forward_ops"] = {n: _ops_per_forward(eng, batch.index(slice(0, n))) for n in (1, 3)}
+            # what else does a forward do per sequence? Packs of 2 and of 3 rows (one micro-batch each).
+            r["forward_ops"] = {n: _ops_per_forward(eng, batch.index(slice(0, n))) for n in (2, 3)}
             undo()
         r[f"{name}_metrics"] = eng.train_step(batch, nll_loss)
         r[f"{name}_grads"] = _grads(eng)
