@@ -25,7 +25,7 @@ pair() { local name=$1 model=$2 tokens=$3 steps=$4 warmup=$5 ga=$6 gb=$7
   local common="--tokens-per-step $tokens --steps $steps --warmup $warmup"
   save_model "$model"
   CUDA_VISIBLE_DEVICES=$ga run "$name-megatron" 500 python3 benchmarks/megatron_gpu.py --gpus 1 --layouts tp1 \
-    --model "$model" --model-dir $MODELS $MEGATRON $common --out "$OUT/$name-megatron.json" &
+    --model "$model" --model-dir $MODELS $MEGATRON $common --profile "$OUT/profile-$name" --out "$OUT/$name-megatron.json" &
   CUDA_VISIBLE_DEVICES=$gb run "$name-fsdp" 500 python3 benchmarks/fsdp_train.py --gpus 1 --models "$model" \
     $FSDP $common --model-dir $MODELS --out "$OUT/$name-fsdp.json" &
   wait; tail -n 3 "$OUT/$name-megatron.log" "$OUT/$name-fsdp.log"; }
