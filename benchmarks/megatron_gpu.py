@@ -103,6 +103,7 @@ def worker(rank: int, world: int, port: int, args, path: str, out: str) -> None:
             use_remove_padding=args.remove_padding,
             logits_chunk_size=args.logits_chunk_size,
             overlap_grad_reduce=args.overlap_grad_reduce,
+            compile=args.compile,
         )
         info = DistInfo(rank=rank, world_size=world, local_rank=rank, master_port=port)
         started = time.perf_counter()
@@ -221,6 +222,7 @@ def parse_args(argv=None):
     p.add_argument("--remove-padding", action="store_true", help="megatron.use_remove_padding (packed thd)")
     p.add_argument("--logits-chunk-size", type=int, default=None, help="megatron.logits_chunk_size")
     p.add_argument("--overlap-grad-reduce", action="store_true", help="megatron.overlap_grad_reduce")
+    p.add_argument("--compile", action="store_true", help="megatron.compile (each decoder layer)")
     p.add_argument("--profile", default=None, help="folder for each layout's top operators (one more step)")
     p.add_argument("--device", default="auto", help="rlcore device platform name")
     p.add_argument("--model-dir", default=None, help="where the random model is saved (default: a temp dir)")

@@ -8,6 +8,7 @@
 #   pair-1.5b    the same for the 1.5B shape at 256k tokens per step (the MFU rows)
 #   swap-0.5b, swap-1.5b   the same pairs with the GPUs swapped (the independent re-run of each row)
 #   tp2          Megatron TP=2, PP=2 and DP=2 on both GPUs (0.5B), for the scaling rows against pair-0.5b
+#   compile-0.5b, compile-1.5b   Megatron TP=1 with megatron.compile on GPU 0 beside the same without on GPU 1
 #   profile      Megatron TP=1 (0.5B) with one profiled step: $OUT/profile/megatron-qwen2.5-0.5b-tp1.txt
 #   tp2-1.5b     Megatron TP=2 and DP=2 on both GPUs (1.5B)
 set -uo pipefail
@@ -28,7 +29,7 @@ pair() { local name=$1 model=$2 tokens=$3 steps=$4 warmup=$5 ga=$6 gb=$7
     --model "$model" --model-dir $MODELS $MEGATRON $common --profile "$OUT/profile-$name" --out "$OUT/$name-megatron.json" &
   CUDA_VISIBLE_DEVICES=$gb run "$name-fsdp" 500 python3 benchmarks/fsdp_train.py --gpus 1 --models "$model" \
     $FSDP $common --model-dir $MODELS --out "$OUT/$name-fsdp.json" &
-  wait; tail -n 3 "$OUT/$name-megatron.log" "$OUT/$name-fsdp.log"; }
+  wait; grep -h "^tp1" "$OUT/$name-megatron.log"; tail -n 3 "$OUT/$name-fsdp.log"; }
 # The random model once, before two processes would both write it.
 save_model() { python3 -c "
 import sys, torch; sys.path.insert(0, 'benchmarks')
@@ -40,14 +41,24 @@ for stage in "$@"; do case $stage in
   swap-0.5b) pair swap-0.5b qwen2.5-0.5b 65536 5 3 1 0 ;;
   pair-1.5b) pair pair-1.5b qwen2.5-1.5b 262144 3 2 0 1 ;;
   swap-1.5b) pair swap-1.5b qwen2.5-1.5b 262144 3 2 1 0 ;;
+  compile-0.5b|compile-1.5b) model=qwen2.5-${stage#compile-}; save_model $model
+         if [ $model = qwen2.5-0.5b ]; then common="--tokens-per-step 65536 --steps 5 --warmup 3"
+         else common="--tokens-per-step 262144 --steps 3 --warmup 2"; fi
+         CUDA_VISIBLE_DEVICES=0 run $stage-on 500 python3 benchmarks/megatron_gpu.py --gpus 1 --layouts tp1 --model $model \
+           --model-dir $MODELS $MEGATRON $common --compile --out "$OUT/$stage-on.json" &
+         CUDA_VISIBLE_DEVICES=1 run $stage-off 500 python3 benchmarks/megatron_gpu.py --gpus 1 --layouts tp1 --model $model \
+           --model-dir $MODELS $MEGATRON $common --out "$OUT/$stage-off.json" &
+         wait; grep -h "^tp1" "$OUT/$stage-on.log" "$OUT/$stage-off.log" ;;
   profile) save_model qwen2.5-0.5b; CUDA_VISIBLE_DEVICES=0 run profile 300 python3 benchmarks/megatron_gpu.py \
          --gpus 1 --layouts tp1 --model qwen2.5-0.5b --model-dir $MODELS $MEGATRON --tokens-per-step 65536 \
-         --steps 2 --warmup 2 --profile "$OUT/profile" --out "$OUT/profile-0.5b.json"; tail -n 3 "$OUT/profile.log" ;;
+         --steps 2 --warmup 2 --profile "$OUT/profile" --out "$OUT/profile-0.5b.json"; grep -h "^tp1" "$OUT/profile.log" ;;
   tp2) save_model qwen2.5-0.5b; run tp2 400 python3 benchmarks/megatron_gpu.py --gpus 2 --layouts tp2 dp2 pp2 --model qwen2.5-0.5b \
          --model-dir $MODELS $MEGATRON --overlap-grad-reduce --tokens-per-step 65536 --steps 5 --warmup 3 \
-         --out "$OUT/tp2-0.5b.json"; tail -n 5 "$OUT/tp2.log" ;;
+         --out "$OUT/tp2-0.5b.json"; grep -h "^tp2\|^dp2\|^pp2" "$OUT/tp2.log" ;;
   tp2-1.5b) save_model qwen2.5-1.5b; run tp2-1.5b 400 python3 benchmarks/megatron_gpu.py --gpus 2 --layouts tp2 dp2 --model qwen2.5-1.5b \
          --model-dir $MODELS $MEGATRON --overlap-grad-reduce --tokens-per-step 262144 --steps 3 --warmup 2 \
-         --out "$OUT/tp2-1.5b.json"; tail -n 5 "$OUT/tp2-1.5b.log" ;;
+         --out "$OUT/tp2-1.5b.json"; grep -h "^tp2\|^dp2" "$OUT/tp2-1.5b.log" ;;
+  pack-out) # Last: everything under $OUT in one archive (the device tool returns at most 8 files a call).
+         tar -C "$OUT" -czf /tmp/results.tgz . && rm -rf "${OUT:?}"/* && mv /tmp/results.tgz "$OUT/results.tgz" ;;
   *) echo "unknown stage $stage"; exit 2 ;;
 esac; done

@@ -84,5 +84,7 @@ Path('$MODEL').mkdir(parents=True, exist_ok=True); save_model(Path('$MODEL'), '0
            trainer.total_steps=15 trainer.experiment_name=sglang-megatron-split
          cp runs/sglang-megatron-split/metrics.jsonl "$OUT/train_megatron_split_sglang.metrics.jsonl" 2>/dev/null
          tar -C runs/sglang-megatron-split -czf "$OUT/train_megatron_split_sglang_logs.tgz" logs config.yaml error.log 2>/dev/null ;;
+  pack-out) # Last: everything under $OUT in one archive (the device tool returns at most 8 files a call).
+         tar -C "$OUT" -czf /tmp/results.tgz . && rm -rf "${OUT:?}"/* && mv /tmp/results.tgz "$OUT/results.tgz" ;;
   *) echo "unknown stage $stage"; exit 2 ;;
 esac; done

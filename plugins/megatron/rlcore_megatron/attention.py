@@ -66,6 +66,10 @@ class PackedRotary:
 class PackedDotProductAttention(DotProductAttention):
     """megatron-core's ``DotProductAttention`` that also takes ``thd`` packed input (rotary applied here)."""
 
+    # Eager inside a compiled layer (``megatron.compile``): dynamo fails on this frame ("'NoneType' object has
+    # no attribute 'item'", torch 2.13 on the CPU), and the rotation and the flash kernel are each one fused
+    # call already; the projections, norms and MLP around it still compile.
+    @torch.compiler.disable
     def forward(
         self,
         query: torch.Tensor,

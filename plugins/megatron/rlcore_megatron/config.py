@@ -68,6 +68,10 @@ class MegatronConfig:
     #: logits never exist at once (they are most of the activation memory of a small model with a large
     #: vocabulary). ``null``: the whole micro-batch at once, as megatron-core's output layer computes it.
     logits_chunk_size: int | None = attrs.field(default=None, validator=_positive)
+    #: ``torch.compile`` each decoder layer (dynamic shapes), as ``fsdp.compile`` does: Megatron's
+    #: distributed-optimizer and gradient hooks stay outside the compiled code. The first steps pay the
+    #: compile time (each new micro-batch shape may recompile once); worth it for long runs on a GPU.
+    compile: bool = False
 
     def __attrs_post_init__(self) -> None:
         if self.sequence_parallel and self.transformer_impl != "transformer_engine":

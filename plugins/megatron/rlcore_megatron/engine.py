@@ -189,6 +189,9 @@ class MegatronEngine(TrainEngine):
             init_missing=self._init_head,
         )
         self.module = module.to(self.device)
+        if cfg.compile:
+            for layer in module.decoder.layers:
+                layer.compile(dynamic=True)
         self.optimizer = self.scheduler = None
         if spec.trainable:
             self._setup_training()

@@ -24,7 +24,18 @@ def _setup():
 
 
 def _engine(
-    path, rank, world, port, *, tp=1, pp=1, dp_opt=True, remove_padding=False, logits_chunk_size=None, **spec
+    path,
+    rank,
+    world,
+    port,
+    *,
+    tp=1,
+    pp=1,
+    dp_opt=True,
+    remove_padding=False,
+    logits_chunk_size=None,
+    compile=False,
+    **spec,
 ):
     from rlcore.api import DistInfo, EngineSpec
     from rlcore.devices import get_platform
@@ -41,6 +52,7 @@ def _engine(
         adam_eps=ADAM_EPS,
         use_remove_padding=remove_padding,
         logits_chunk_size=logits_chunk_size,
+        compile=compile,
     )
     return MegatronEngine(
         EngineSpec(model_path=str(path), **{**defaults, **spec}),
@@ -306,6 +318,22 @@ def packed2(rank, world, port, qwen, batch, work_dir):
         del eng
         mpu.destroy_model_parallel()
     _save(r, Path(work_dir), "packed2", rank)
+
+
+def compiled(rank, world, port, qwen, batch, work_dir):
+    """``megatron.compile`` (each decoder layer through ``torch.compile``) on the packed path, at
+    TP=``world``: inference, a training step, the updated weights."""
+    _setup()
+    from mcore_testlib import nll_loss
+
+    eng = _engine(qwen, rank, world, port, tp=world, remove_padding=True, compile=True)
+    layers = eng.module.decoder.layers
+    r = {"compiled_layers": sum(getattr(layer, "_compiled_call_impl", None) is not None for layer in layers)}
+    r["layers"] = len(layers)
+    r["infer"] = _infer(eng, batch, ("log_probs", "entropy"))
+    r["metrics"] = eng.train_step(batch, nll_loss)
+    r["export1"] = _export(eng)
+    _save(r, Path(work_dir), "compiled", rank)
 
 
 class _Planted:

@@ -102,7 +102,9 @@ def engine_args(spec: RolloutSpec, config: SGLangConfig) -> dict[str, Any]:
     return {**kwargs, **config.engine_kwargs}
 
 
-def scheduler_devices(device: torch.device, tp_size: int, engine_kwargs: dict[str, Any]) -> list[torch.device]:
+def scheduler_devices(
+    device: torch.device, tp_size: int, engine_kwargs: dict[str, Any]
+) -> list[torch.device]:
     """The device of each SGLang tensor-parallel rank, numbered as this process numbers them.
 
     SGLang's scheduler processes inherit this process's visible devices and put rank ``r`` on device

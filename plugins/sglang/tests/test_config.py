@@ -7,9 +7,9 @@ from pathlib import Path
 
 import attrs
 import pytest
+import torch
 from rlcore.api import RolloutSpec
 from rlcore_sglang.config import OWNED_ENGINE_ARGS, SGLangConfig
-import torch
 from rlcore_sglang.engine import engine_args, scheduler_devices
 
 RLCORE = Path(sys.executable).with_name("rlcore")
