@@ -1,6 +1,6 @@
 """The two kernels behind the engine's fast path, against plain float64 references.
 
-- :func:`rlcore_fsdp.logits.linear_log_probs`: values and gradients (hidden, weight, bias) against
+- :func:`rlcore.logits.linear_log_probs`: values and gradients (hidden, weight, bias) against
   ``log_softmax`` of the full logits, for chunk sizes that do and do not divide the token count, with a
   temperature, and with only one of the two outputs used;
 - :func:`rlcore_fsdp.attention.varlen_attention`: against attention written as a loop over query
@@ -9,9 +9,9 @@
 
 import pytest
 import torch
+from rlcore.logits import _grad_logits, _grad_logits_functional, linear_log_probs
 from rlcore_fsdp import attention
 from rlcore_fsdp.attention import varlen_attention
-from rlcore_fsdp.logits import _grad_logits, _grad_logits_functional, linear_log_probs
 
 M, H, V = 23, 8, 31
 

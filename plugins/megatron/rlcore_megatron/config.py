@@ -64,13 +64,16 @@ class MegatronConfig:
     #: ``transformer_impl: local``. With ``max_tokens_per_micro_batch``, micro-batches are cut by real tokens.
     use_remove_padding: bool = False
     #: Compute the language-model head (output projection, log-probs, entropy) this many tokens at a time,
-    #: each chunk's logits recomputed in the backward instead of kept: a micro-batch's ``[tokens, V/tp]``
-    #: logits never exist at once (they are most of the activation memory of a small model with a large
-    #: vocabulary). ``null``: the whole micro-batch at once, as megatron-core's output layer computes it.
+    #: so a micro-batch's ``[tokens, V/tp]`` logits never exist at once (they are most of the activation
+    #: memory of a small model with a large vocabulary). At tensor-parallel size 1 this is rlcore's fused
+    #: head (``rlcore.logits``, the FSDP engine's: one autograd function, its elementwise work compiled with
+    #: ``compile``); with TP each rank's vocabulary slice is checkpointed per chunk. ``null``: the whole
+    #: micro-batch at once, as megatron-core's output layer computes it.
     logits_chunk_size: int | None = attrs.field(default=None, validator=_positive)
-    #: ``torch.compile`` each decoder layer (dynamic shapes), as ``fsdp.compile`` does: Megatron's
-    #: distributed-optimizer and gradient hooks stay outside the compiled code. The first steps pay the
-    #: compile time (each new micro-batch shape may recompile once); worth it for long runs on a GPU.
+    #: ``torch.compile`` each decoder layer (dynamic shapes), as ``fsdp.compile`` does, and (TP=1 with
+    #: ``logits_chunk_size``) the head's vocabulary-wide elementwise work: Megatron's distributed-optimizer
+    #: and gradient hooks stay outside the compiled code. The first steps pay the compile time (each new
+    #: micro-batch shape may recompile once); worth it for long runs on a GPU.
     compile: bool = False
 
     def __attrs_post_init__(self) -> None:

@@ -30,6 +30,7 @@ from megatron.core.optimizer_param_scheduler import OptimizerParamScheduler
 from megatron.core.packed_seq_params import PackedSeqParams
 from megatron.core.pipeline_parallel import get_forward_backward_func
 from rlcore.api import Batch, DistInfo, EngineSpec, LossFn, TrainEngine, WeightBucket
+from rlcore.logits import linear_log_probs
 from rlcore.weights import bucketize
 from transformers import AutoConfig
 
@@ -318,7 +319,22 @@ class MegatronEngine(TrainEngine):
             log_probs, entropy = log_probs_and_entropy(
                 output, targets, vocab_start=self.layout.tp_rank * vocab_local, **common
             )
-        else:  # ``output`` is the hidden state (model.pass_hidden_through): the head runs here, in chunks
+        elif self.layout.tp_size == 1:  # ``output`` is the hidden state (model.pass_hidden_through)
+            # The whole vocabulary here: rlcore's fused head (one autograd function, fp32 statistics, the
+            # vocabulary-wide elementwise work compiled with ``megatron.compile``), padded rows cut off.
+            weight = self.module.shared_embedding_or_output_weight()[: self.shape.vocab_size]
+            log_probs, entropy = linear_log_probs(
+                output.reshape(-1, output.shape[-1]),
+                weight,
+                None,
+                targets.reshape(-1),
+                self.spec.temperature,
+                self.config.logits_chunk_size,
+                compiled=self.config.compile,
+            )
+            log_probs = log_probs.view(targets.shape)
+            entropy = entropy.view(targets.shape) if "entropy" in wanted else None
+        else:  # vocabulary-parallel: each rank's slice in chunks, the softmax sums all-reduced
             weight = self.module.shared_embedding_or_output_weight()
             log_probs, entropy = chunked_log_probs_and_entropy(
                 output,

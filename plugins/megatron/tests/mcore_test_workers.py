@@ -321,12 +321,13 @@ def packed2(rank, world, port, qwen, batch, work_dir):
 
 
 def compiled(rank, world, port, qwen, batch, work_dir):
-    """``megatron.compile`` (each decoder layer through ``torch.compile``) on the packed path, at
-    TP=``world``: inference, a training step, the updated weights."""
+    """``megatron.compile`` (each decoder layer through ``torch.compile``, and at TP=1 the fused head's
+    elementwise work) on the packed path with a chunked head, at TP=``world``: inference, a training
+    step, the updated weights."""
     _setup()
     from mcore_testlib import nll_loss
 
-    eng = _engine(qwen, rank, world, port, tp=world, remove_padding=True, compile=True)
+    eng = _engine(qwen, rank, world, port, tp=world, remove_padding=True, compile=True, logits_chunk_size=16)
     layers = eng.module.decoder.layers
     r = {"compiled_layers": sum(getattr(layer, "_compiled_call_impl", None) is not None for layer in layers)}
     r["layers"] = len(layers)

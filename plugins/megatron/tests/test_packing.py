@@ -203,8 +203,9 @@ def compiled(request, tiny_qwen, tmp_path_factory):
 
 
 def test_compiled_layers_equal_hf_and_train_as_hf(compiled, qwen, hf_step):
-    """Every decoder layer compiled (the packed attention inside stays eager): log-probs and entropy
-    against the HF model, and the training step against one HF AdamW step, at TP=1 and TP=2."""
+    """Every decoder layer compiled (the packed attention inside stays eager), the head chunked (at TP=1
+    rlcore's fused head with its compiled kernels): log-probs and entropy against the HF model, and the
+    training step against one HF AdamW step, at TP=1 and TP=2."""
     loss, grad_norm, after = hf_step
     for rank in compiled:
         assert rank["compiled_layers"] == rank["layers"] > 0

@@ -1,5 +1,8 @@
 """Log-probs and entropy straight from hidden states and the output layer, chunk by chunk.
 
+The language-model head of the FSDP engine, and of the Megatron engine where one rank holds the whole
+vocabulary (tensor-parallel size 1).
+
 ``linear_log_probs(hidden [M, H], weight [V, H], bias [V] | None, targets [M], temperature, chunk)``
 returns ``log_probs [M]`` (of ``targets`` under ``softmax(logits / temperature)``) and ``entropy [M]`` of
 that distribution, at least fp32. It is one autograd function over all chunks:
