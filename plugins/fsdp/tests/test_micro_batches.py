@@ -5,7 +5,8 @@ import math
 import pytest
 import torch
 from rlcore.api import Batch
-from rlcore_fsdp.micro_batches import MicroBatch, build_inputs, equalize, plan_micro_batches, token_costs
+from rlcore.micro_batches import plan_micro_batches
+from rlcore_fsdp.micro_batches import MicroBatch, build_inputs, equalize, token_costs
 from rlcore_fsdp.schedule import check_schedule, lr_factor
 
 

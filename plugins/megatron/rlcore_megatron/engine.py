@@ -60,7 +60,7 @@ from rlcore_megatron.sequences import (
     Aligned,
     Packed,
     left_align,
-    micro_batches,
+    micro_batch_rows,
     pack,
     response_columns,
     restore,
@@ -380,23 +380,26 @@ class MegatronEngine(TrainEngine):
         if parked:
             raise RuntimeError(f"engine state {parked} is released; call resume({parked}) first")
 
-    def _split(self, batch: Batch, size: int) -> list[_Micro]:
+    def _split(self, batch: Batch, size: int) -> tuple[list[_Micro], list[int]]:
+        """The micro-batches on the device, and the batch's rows in the order they hold them."""
         if len(batch) == 0:
             raise ValueError(
                 f"data-parallel rank {self.layout.dp_rank} got an empty batch; dispatch at least "
                 f"{self.layout.dp_size} rows (one per data-parallel rank)"
             )
-        return self._prepare(
-            micro_batches(
-                batch, size, self.spec.max_tokens_per_micro_batch, packed=self.config.use_remove_padding
-            )
+        rows = micro_batch_rows(
+            batch["attention_mask"].sum(1).tolist(),
+            size,
+            self.spec.max_tokens_per_micro_batch,
+            packed=self.config.use_remove_padding,
         )
+        return self._prepare([batch.index(r) for r in rows]), [i for r in rows for i in r]
 
     def train_step(self, batch: Batch, loss_fn: LossFn) -> dict[str, float]:
         if self.optimizer is None:
             raise RuntimeError("train_step on an engine built with trainable=False")
         self._require(*TAGS)
-        micros = self._split(batch, self.spec.micro_batch_size)
+        micros, _ = self._split(batch, self.spec.micro_batch_size)  # order is irrelevant to a sum
         wanted = HEAD_OUTPUTS[self.spec.head]
 
         def reduce_fn(output, micro):
@@ -438,7 +441,7 @@ class MegatronEngine(TrainEngine):
                 f"head {self.spec.head!r} computes {', '.join(HEAD_OUTPUTS[self.spec.head])}, not {unknown}"
             )
         self._require("weights")
-        micros = self._split(batch, self.config.infer_micro_batch_size or self.spec.micro_batch_size)
+        micros, order = self._split(batch, self.config.infer_micro_batch_size or self.spec.micro_batch_size)
         zero = torch.zeros((), device=self.device)
 
         def reduce_fn(output, micro):
@@ -447,7 +450,9 @@ class MegatronEngine(TrainEngine):
         infos = self._run(micros, forward_only=True, reduce_fn=reduce_fn)
         if not self.holds_output():
             return None
-        return Batch({k: torch.cat([info[k] for info in infos]).cpu() for k in outputs})
+        back = torch.empty(len(order), dtype=torch.long)
+        back[torch.tensor(order)] = torch.arange(len(order))  # micro-batch order -> the batch's
+        return Batch({k: torch.cat([info[k] for info in infos]).cpu()[back] for k in outputs})
 
     # -- weights ---------------------------------------------------------------------------------
     def _named_hf(self, dtype: torch.dtype) -> Iterator[tuple[str, torch.Tensor]]:

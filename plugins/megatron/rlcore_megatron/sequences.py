@@ -12,6 +12,7 @@ from __future__ import annotations
 import attrs
 import torch
 from rlcore.api import Batch
+from rlcore.micro_batches import plan_micro_batches
 
 
 @attrs.frozen
@@ -141,25 +142,40 @@ def response_columns(per_position: torch.Tensor, response_length: int) -> torch.
     return per_position[:, width - response_length - 1 : width - 1]
 
 
+def micro_batch_rows(
+    lengths: list[int], size: int, max_tokens: int | None = None, packed: bool = False
+) -> list[list[int]]:
+    """The row numbers of each micro-batch, for rows of ``lengths`` real tokens.
+
+    Without ``max_tokens``: consecutive groups of ``size`` rows. Padded, with ``max_tokens``: consecutive
+    rows while ``rows * longest_real_length <= max_tokens``. Packed (``sum of real lengths <=
+    max_tokens``): token-balanced, as the FSDP engine plans them (:func:`rlcore.micro_batches.plan_micro_batches`:
+    as few micro-batches as first-fit decreasing needs, the rows then spread longest first over them so
+    their loads differ by at most one row), so the micro-batches hold rows out of order. A row longer
+    than ``max_tokens`` goes alone either way.
+    """
+    if max_tokens is None:
+        return [list(range(i, min(i + size, len(lengths)))) for i in range(0, len(lengths), size)]
+    if packed:
+        alone = [[i] for i, n in enumerate(lengths) if n > max_tokens]
+        rest = [i for i, n in enumerate(lengths) if n <= max_tokens]
+        planned = plan_micro_batches([lengths[i] for i in rest], 1, max_tokens) if rest else []
+        return sorted(alone + [[rest[j] for j in rows] for rows in planned])
+    pieces, start, longest = [], 0, 0
+    for i, n in enumerate(lengths):
+        longest_with = max(longest, n)
+        if i > start and (i - start + 1) * longest_with > max_tokens:
+            pieces.append(list(range(start, i)))
+            start, longest_with = i, n
+        longest = longest_with
+    if lengths:
+        pieces.append(list(range(start, len(lengths))))
+    return pieces
+
+
 def micro_batches(
     batch: Batch, size: int, max_tokens: int | None = None, packed: bool = False
 ) -> list[Batch]:
-    """Consecutive micro-batches of at most ``size`` rows, or (with ``max_tokens``) as many rows as
-    fit ``rows * longest_real_length <= max_tokens`` (``packed``: ``sum of real lengths <= max_tokens``;
-    a longer row goes alone). Order is kept, so per-micro-batch outputs concatenate back into the
-    batch's order."""
-    if max_tokens is None:
-        return batch.split(size)
-    lengths = batch["attention_mask"].sum(1).tolist()
-    pieces, start, longest, total = [], 0, 0, 0
-    for i, n in enumerate(lengths):
-        longest_with = max(longest, int(n))
-        total += int(n)
-        cost = total if packed else (i - start + 1) * longest_with
-        if i > start and cost > max_tokens:
-            pieces.append(batch.index(slice(start, i)))
-            start, longest_with, total = i, int(n), int(n)
-        longest = longest_with
-    if len(batch):
-        pieces.append(batch.index(slice(start, len(batch))))
-    return pieces
+    """``batch`` split as :func:`micro_batch_rows` plans it (each micro-batch's rows in batch order)."""
+    rows = micro_batch_rows(batch["attention_mask"].sum(1).tolist(), size, max_tokens, packed)
+    return [batch.index(r) for r in rows]

@@ -22,7 +22,7 @@ from mcore_testlib import (
 )
 from rlcore.api import Batch
 from rlcore_megatron.config import MegatronConfig
-from rlcore_megatron.sequences import left_align, micro_batches, pack
+from rlcore_megatron.sequences import left_align, micro_batch_rows, micro_batches, pack
 
 
 def batch():
@@ -102,6 +102,15 @@ def test_packed_micro_batches_are_cut_by_real_tokens():
     packed = [len(mb) for mb in micro_batches(b, 4, max_tokens=18, packed=True)]
     assert padded == [1, 2, 1] and packed == [2, 2]  # 11 | 6+9 (2x9) | 5 against 11+6 | 9+5
     assert [len(mb) for mb in micro_batches(Batch(b.tensors), 4, max_tokens=4, packed=True)] == [1] * 4
+
+
+def test_packed_micro_batches_are_token_balanced():
+    """Rows of 12, 12, 6 and 6 tokens under a budget of 18: cut in order they take three micro-batches
+    (12 | 12+6 | 6); planned as the FSDP engine plans them, two full ones, rows out of order. A row over
+    the budget still goes alone."""
+    assert micro_batch_rows([12, 12, 6, 6], 4, 18, packed=True) == [[0, 2], [1, 3]]
+    assert micro_batch_rows([12, 30, 6, 6], 4, 18, packed=True) == [[0], [1], [2, 3]]  # loads 12 | 30 | 12
+    assert micro_batch_rows([12, 12, 6, 6], 4, 18) == [[0], [1], [2, 3]]  # padded: rows x longest
 
 
 def test_config_default_off_and_refused_with_transformer_engine():
