@@ -61,7 +61,8 @@ class MegatronConfig:
     #: Drop padding and pack each micro-batch's sequences into one row (Megatron's ``thd`` layout, rotary
     #: positions restarting at 0 per sequence); attention stays within each sequence through PyTorch's flash
     #: var-len kernel where the device has it, one SDPA call per sequence elsewhere. Needs
-    #: ``transformer_impl: local``. With ``max_tokens_per_micro_batch``, micro-batches are planned by real tokens and token-balanced, as the FSDP engine plans them.
+    #: ``transformer_impl: local``. With ``max_tokens_per_micro_batch``, micro-batches are planned by real
+    #: tokens and token-balanced, as the FSDP engine plans them.
     use_remove_padding: bool = False
     #: Compute the language-model head (output projection, log-probs, entropy) this many tokens at a time,
     #: so a micro-batch's ``[tokens, V/tp]`` logits never exist at once (they are most of the activation
