@@ -10,6 +10,8 @@
 #   tp2          Megatron TP=2, PP=2 and DP=2 on both GPUs (0.5B), for the scaling rows against pair-0.5b
 #   compile-0.5b, compile-1.5b   Megatron TP=1 with megatron.compile on GPU 0 beside the same without on GPU 1
 #   profile      Megatron TP=1 (0.5B) with one profiled step: $OUT/profile/megatron-qwen2.5-0.5b-tp1.txt
+#   7b           a 7B shape over both GPUs (2 x H200): Megatron TP=2, then the FSDP engine on the same two
+#                GPUs, the same steps (65,536 tokens per GPU, micro-batches of 4,096 tokens)
 #   tp2-1.5b     Megatron TP=2 and DP=2 on both GPUs (1.5B)
 set -uo pipefail
 OUT=${OUT:-/tmp/out}; mkdir -p "$OUT"
@@ -49,6 +51,15 @@ for stage in "$@"; do case $stage in
          CUDA_VISIBLE_DEVICES=1 run $stage-off 500 python3 benchmarks/megatron_gpu.py --gpus 1 --layouts tp1 --model $model \
            --model-dir $MODELS $MEGATRON $common --out "$OUT/$stage-off.json" &
          wait; grep -h "^tp1" "$OUT/$stage-on.log" "$OUT/$stage-off.log" ;;
+  7b) save_model qwen2.5-7b
+         common="--tokens-per-step 65536 --max-tokens-per-micro-batch 4096 --steps 3 --warmup 2"
+         run 7b-megatron 560 python3 benchmarks/megatron_gpu.py --gpus 2 --layouts tp2 --model qwen2.5-7b \
+           --model-dir $MODELS --remove-padding --logits-chunk-size 4096 $common --out "$OUT/7b-megatron.json"
+         grep -h "^tp2" "$OUT/7b-megatron.log"
+         run 7b-fsdp 560 python3 benchmarks/fsdp_train.py --gpus 2 --models qwen2.5-7b --systems fsdp-mp-varlen-compile \
+           --no-reshard-after-forward --reduce-grads-once-per-step --logits-chunk-size 4096 --no-recompute-logits \
+           $common --model-dir $MODELS --out "$OUT/7b-fsdp.json"
+         tail -n 3 "$OUT/7b-fsdp.log" ;;
   profile) save_model qwen2.5-0.5b; CUDA_VISIBLE_DEVICES=0 run profile 300 python3 benchmarks/megatron_gpu.py \
          --gpus 1 --layouts tp1 --model qwen2.5-0.5b --model-dir $MODELS $MEGATRON --tokens-per-step 65536 \
          --steps 2 --warmup 2 --profile "$OUT/profile" --out "$OUT/profile-0.5b.json"; grep -h "^tp1" "$OUT/profile.log" ;;
