@@ -41,18 +41,22 @@ def hf_step(qwen):
     return mcore_test_workers.hf_step(qwen, batch())
 
 
+def run_ranks(worker, world: int, tiny_qwen, tmp_path_factory) -> list[dict]:
+    """``worker`` of :mod:`mcore_test_workers` in ``world`` processes on :func:`batch`: each rank's results."""
+    name = worker.__name__
+    work = tmp_path_factory.mktemp(f"megatron_{name}{world}")
+    spawn(worker, world, str(tiny_qwen), batch(), str(work))
+    return [torch.load(work / f"{name}_rank{r}.pt", weights_only=False) for r in range(world)]
+
+
 @pytest.fixture(scope="module")
 def one(tiny_qwen, tmp_path_factory):
-    work = tmp_path_factory.mktemp("megatron_packed1")
-    spawn(mcore_test_workers.packed1, 1, str(tiny_qwen), batch(), str(work))
-    return torch.load(work / "packed1_rank0.pt", weights_only=False)
+    return run_ranks(mcore_test_workers.packed1, 1, tiny_qwen, tmp_path_factory)[0]
 
 
 @pytest.fixture(scope="module")
 def two(tiny_qwen, tmp_path_factory):
-    work = tmp_path_factory.mktemp("megatron_packed2")
-    spawn(mcore_test_workers.packed2, 2, str(tiny_qwen), batch(), str(work))
-    return [torch.load(work / f"packed2_rank{r}.pt", weights_only=False) for r in range(2)]
+    return run_ranks(mcore_test_workers.packed2, 2, tiny_qwen, tmp_path_factory)
 
 
 def assert_equal_hf(out, qwen, atol=ATOL):
@@ -205,10 +209,7 @@ def test_packed_two_ranks_equal_hf(two, qwen, hf_step, layout, holder):
 # -- compiled layers (megatron.compile) -------------------------------------------------------------
 @pytest.fixture(scope="module", params=[1, 2], ids=["tp1", "tp2"])
 def compiled(request, tiny_qwen, tmp_path_factory):
-    world = request.param
-    work = tmp_path_factory.mktemp(f"megatron_compiled{world}")
-    spawn(mcore_test_workers.compiled, world, str(tiny_qwen), batch(), str(work))
-    return [torch.load(work / f"compiled_rank{r}.pt", weights_only=False) for r in range(world)]
+    return run_ranks(mcore_test_workers.compiled, request.param, tiny_qwen, tmp_path_factory)
 
 
 def test_compiled_layers_equal_hf_and_train_as_hf(compiled, qwen, hf_step):
@@ -227,10 +228,7 @@ def test_compiled_layers_equal_hf_and_train_as_hf(compiled, qwen, hf_step):
 # -- the chunked head (megatron.logits_chunk_size) -------------------------------------------------
 @pytest.fixture(scope="module", params=[1, 2], ids=["tp1", "tp2"])
 def chunked(request, tiny_qwen, tmp_path_factory):
-    world = request.param
-    work = tmp_path_factory.mktemp(f"megatron_chunked{world}")
-    spawn(mcore_test_workers.chunked, world, str(tiny_qwen), batch(), str(work))
-    return [torch.load(work / f"chunked_rank{r}.pt", weights_only=False) for r in range(world)]
+    return run_ranks(mcore_test_workers.chunked, request.param, tiny_qwen, tmp_path_factory)
 
 
 def test_chunked_head_equals_hf_and_trains_as_the_whole_head(chunked, qwen, hf_step):
