@@ -1,0 +1,64 @@
+"""The Megatron-against-FSDP chart of ``docs/benchmarks.md`` from the GPU calls' raw files.
+
+Reads the JSON of ``benchmarks/megatron_gpu.py`` and ``benchmarks/fsdp_train.py`` kept in
+``benchmarks/results/megatron/`` (file names in :data:`ROWS`) and writes ``tokens_per_s.png`` there: per
+model shape, training tokens/s per GPU of the Megatron engine before and after the packed-rotary fix and of
+the FSDP engine beside it, with MFU on each bar.
+
+    python benchmarks/megatron_report.py [--dir benchmarks/results/megatron]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+from pathlib import Path
+
+#: (shape, label) -> the result file; each holds one row (``results[0]``).
+ROWS = {
+    ("0.5B", "Megatron TP=1, before"): "h200-0.5b-tp1-before-rotary.json",
+    ("0.5B", "Megatron TP=1, after"): "h200-0.5b-tp1.json",
+    ("0.5B", "FSDP"): "h200-0.5b-fsdp-pair2.json",
+    ("1.5B", "Megatron TP=1, before"): "h200-1.5b-tp1-before-rotary.json",
+    ("1.5B", "Megatron TP=1, after"): "h200-1.5b-tp1.json",
+    ("1.5B", "FSDP"): "h200-1.5b-fsdp-pair2.json",
+}
+
+
+def main() -> None:
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("--dir", default=str(Path(__file__).resolve().parent / "results" / "megatron"))
+    folder = Path(p.parse_args().dir)
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    shapes = sorted({shape for shape, _ in ROWS})
+    labels = list(dict.fromkeys(label for _, label in ROWS))
+    fig, ax = plt.subplots(figsize=(8, 4.5))
+    width = 0.8 / len(labels)
+    for k, label in enumerate(labels):
+        rows = [json.loads((folder / ROWS[shape, label]).read_text())["results"][0] for shape in shapes]
+        xs = [i + (k - (len(labels) - 1) / 2) * width for i in range(len(shapes))]
+        bars = ax.bar(xs, [r["tokens_per_s"] / 1000 for r in rows], width, label=label)
+        for bar, row in zip(bars, rows, strict=True):
+            ax.annotate(
+                f"{100 * row['mfu']:.0f}% MFU",
+                (bar.get_x() + bar.get_width() / 2, bar.get_height()),
+                ha="center",
+                va="bottom",
+                fontsize=8,
+            )
+    ax.set_xticks(range(len(shapes)), [f"Qwen2.5-{s} shape" for s in shapes])
+    ax.set_ylabel("training tokens/s per GPU (thousands)")
+    ax.set_title("Megatron vs FSDP engine, one H200 each, same workload")
+    ax.legend()
+    fig.tight_layout()
+    out = folder / "tokens_per_s.png"
+    fig.savefig(out, dpi=120)
+    print(f"wrote {out}")
+
+
+if __name__ == "__main__":
+    main()
