@@ -17,9 +17,17 @@ and saved here: no download), then
    ``--max-tokens-per-micro-batch`` tokens, response-token NLL over the global token count.
    ``tokens/s`` counts real tokens; MFU uses the FLOP formula of ``_workload.py``.
 
-GPU run (2 x H200; megatron-core from the ``base`` bundle)::
+The engine's switches: ``--remove-padding`` (packed var-len attention), ``--logits-chunk-size N`` (the
+chunked head), ``--compile``, ``--overlap-grad-reduce``, ``--gradient-checkpointing``. ``--profile DIR``
+writes one more step's top operators and the device's idle gaps (``_profile.py``); peak memory is the
+peak allocated on rank 0 during the timed steps.
 
-    python benchmarks/megatron_gpu.py --out megatron_gpu.json
+GPU runs (megatron-core from the SGLang bundle; ``benchmarks/gpu/megatron_h100.sh`` runs the rows of
+``docs/benchmarks.md``, each beside the FSDP engine)::
+
+    python benchmarks/megatron_gpu.py --gpus 1 --layouts tp1 --model qwen2.5-1.5b --remove-padding \
+        --logits-chunk-size 4096 --tokens-per-step 262144 --out megatron_tp1.json
+    python benchmarks/megatron_gpu.py --layouts tp2 dp2 pp2 --remove-padding --out megatron_2gpu.json
 
 CPU smoke test (tiny model, gloo; imports the *test-only* CUDA redirection of
 ``plugins/megatron/tests/mcore_cpu_redirect.py``, never used otherwise)::
