@@ -155,7 +155,7 @@ def micro_batch_rows(
     than ``max_tokens`` goes alone either way.
     """
     if max_tokens is None:
-        return [list(range(i, min(i + size, len(lengths)))) for i in range(0, len(lengths), size)]
+        return plan_micro_batches(lengths, size, None)
     if packed:
         alone = [[i] for i, n in enumerate(lengths) if n > max_tokens]
         rest = [i for i, n in enumerate(lengths) if n <= max_tokens]

@@ -330,10 +330,10 @@ class SGLangRollout(RolloutEngine):
         monkey_patch_torch_reductions()
         # Each rank gets the bucket on its own device: a rank that opened another device's memory made a
         # context there and failed its copy ("CUDA error: invalid argument", tp_size=2 on 2 x H200).
-        flats: dict[torch.device, torch.Tensor] = {bucket.flat.device: bucket.flat}
-        for device in self._rank_devices:
-            if device not in flats:
-                flats[device] = bucket.flat.to(device)
+        flats = {
+            device: bucket.flat if device == bucket.flat.device else bucket.flat.to(device)
+            for device in dict.fromkeys(self._rank_devices)
+        }
         if self._flattened:
             from sglang.srt.weight_sync.tensor_bucket import FlattenedTensorMetadata
 
