@@ -356,8 +356,8 @@ def run_verl(
 
         def pump() -> None:
             assert proc.stdout is not None
-            for line in proc.stdout:
-                fh.write(line)
+            for line in proc.stdout:  # each line stamped with seconds since the launch (where start-up goes)
+                fh.write(f"[{time.monotonic() - start:7.1f}s] {line}")
                 fh.flush()
                 sys.stdout.write(line)
                 sys.stdout.flush()
@@ -484,6 +484,11 @@ def main(argv=None) -> int:
         },
         "model": str(model),
         "steps": steps,
+        # Seconds from the launch to each step's log line: the first one's is start-up plus step 1.
+        "step_logged_at_s": {
+            int(m.group(2)): float(m.group(1))
+            for m in re.finditer(r"^\[\s*([\d.]+)s\].*?step:(\d+) - ", text, re.MULTILINE)
+        },
     }
     (out / "verl_metrics.json").write_text(json.dumps(result, indent=2))
     if steps:

@@ -13,10 +13,12 @@ tied embeddings, vocab 151936) and 7B (untied) with a word-level tokenizer of th
    bucketed bf16 stream (``rlcore.weights.bucketize``), loaded three ways: ``direct`` (copied into
    vLLM's parameters, ``vllm.weight_write: direct``), ``reload`` (vLLM's module-by-module reload) and
    ``ipc`` (from a trainer in another process through the ``ipc`` transport: packing, handle, load,
-   release). Each timed end to end including the prefix-cache reset, next to the device-to-device copy
-   floor (bytes / 3 TB/s, the H100's measured copy rate) and a measured ``copy_`` of the same tensors.
-   Before each, the engine gets other weights (the trainer's halved); after it, the rollout's log-probs
-   of a few sampled tokens are compared with the trainer's.
+   release). Each timed end to end (a load drops the prefix cache only when requests ran since the last
+   drop: not between these timed loads), next to the device-to-device copy floor (bytes / 3 TB/s, the
+   H100's measured copy rate) and a measured ``copy_`` of the same tensors. Before each, the engine gets
+   other weights (the trainer's halved); after it, the rollout's log-probs of a few sampled tokens are
+   compared with the trainer's. ``direct`` also gets its parts timed alone and the load as the colocated
+   step does it (KV cache released: ``direct_kv_released``), see :func:`direct_breakdown`.
 
     python benchmarks/vllm_gpu.py --out vllm_gpu.json [--batch 64 256] [--repeats 5] [--bucket-mib 512]
 
@@ -172,8 +174,13 @@ def throughput(engine, batches: list[int], repeats: int, new_tokens: int, reques
         for repeat in range(repeats):
             order = names[repeat % len(names) :] + names[: repeat % len(names)]
             for name in order:
-                params = SamplingParams(temperature=1.0, max_tokens=new_tokens, seed=1 + repeat)
-                runs[name].append(funcs[name](engine, random_prompts(batch, 1 + repeat), params))
+                # Prompts of its own for every run, and an empty prefix cache: the second system of a
+                # pair would otherwise find the first one's prompts cached and skip their prefill.
+                with engine.exclusive() as llm:
+                    llm.reset_prefix_cache()
+                seed = 1 + repeat * len(names) + names.index(name)
+                params = SamplingParams(temperature=1.0, max_tokens=new_tokens, seed=seed)
+                runs[name].append(funcs[name](engine, random_prompts(batch, seed), params))
         ratios = [p / r for p, r in zip(runs[PLUGIN], runs[RAW], strict=True)]
         record = {
             "batch": batch,
@@ -219,11 +226,18 @@ def timed(platform, fn, repeats: int) -> list[float]:
     return times[1:]
 
 
+def _worker(wrapper):
+    """The worker inside vLLM's ``WorkerWrapperBase`` (what a ``collective_rpc`` callable receives)."""
+    return getattr(wrapper, "worker", wrapper)
+
+
 def set_weight_write(engine, mode: str) -> None:
     """Switch a live engine between direct writes and vLLM's reload (``vllm.weight_write``)."""
     if mode == "reload":
         with engine.exclusive() as llm:
-            llm.collective_rpc(lambda worker: setattr(worker, "rlcore_write_plan", None))
+            # A callable gets vLLM's worker wrapper, which forwards reads but keeps writes: set it on
+            # the worker itself (on the wrapper, the worker kept writing directly).
+            llm.collective_rpc(lambda wrapper: setattr(_worker(wrapper), "rlcore_write_plan", None))
         engine.weight_write = "reload"
     else:
         engine.weight_write = engine._plan_weight_write("direct")
@@ -262,6 +276,9 @@ def weight_sync(engine, trainer, shape: str, bucket_mib: int, repeats: int, plat
         measured_copy_s=statistics.median(copies),
         measured_foreach_copy_s=statistics.median(multi),
     )
+    if engine.weight_write == "direct":
+        record.update(direct_breakdown(engine, stream, halved, repeats, platform))
+        record["logprob_gap_after_direct_kv_released"] = logprob_gap(engine, trainer)
     if ipc and engine.weight_write == "direct":
         engine.load_weights(halved())
         record.update(ipc_sync(engine, shape, bucket_mib, repeats))
@@ -269,6 +286,47 @@ def weight_sync(engine, trainer, shape: str, bucket_mib: int, repeats: int, plat
     # Headline: the fastest way this engine takes weights from a colocated trainer.
     record["load_weights_s"] = record.get("direct_s", record["reload_s"])
     return record
+
+
+def direct_breakdown(engine, stream, halved, repeats: int, platform) -> dict:
+    """Where a direct load's time goes (medians, seconds): the hand-over of the engine thread
+    (``handoff``), dropping vLLM's prefix cache (``prefix_reset``: a Python walk over every KV block,
+    done by a load only when requests ran since the last drop), checking and grouping the stream
+    (``filter``), the planned copies and the device sync (``write``); and the whole load as the colocated
+    step does it, weights resumed and the KV cache still released (``direct_kv_released``)."""
+    from rlcore_vllm.weight_stream import StreamFilter
+
+    def handoff():
+        with engine._loop.exclusive():
+            pass
+
+    def reset():
+        with engine._loop.exclusive() as llm:
+            llm.reset_prefix_cache()
+
+    with engine._loop.exclusive() as llm:
+        (plan,) = llm.collective_rpc(lambda wrapper: _worker(wrapper).rlcore_write_plan)
+    filtered = list(StreamFilter(engine.weights, stream(), engine.dtype))
+    out = {
+        "direct_handoff_s": statistics.median(timed(platform, handoff, repeats)),
+        "direct_prefix_reset_s": statistics.median(timed(platform, reset, repeats)),
+        "direct_filter_s": statistics.median(
+            timed(platform, lambda: list(StreamFilter(engine.weights, stream(), engine.dtype)), repeats)
+        ),
+        "direct_write_s": statistics.median(timed(platform, lambda: plan.write(filtered), repeats)),
+    }
+    filtered.clear()
+    if engine.sleep_mode:
+        engine.release(["weights", "kv_cache"])
+        engine.resume(["weights"])
+        try:
+            engine.load_weights(halved())
+            times = timed(platform, lambda: engine.load_weights(stream()), repeats)
+        finally:
+            engine.resume(["kv_cache"])
+        out["direct_kv_released_s"] = statistics.median(times)
+        out["direct_kv_released_runs_s"] = times
+    return out
 
 
 def _ipc_sender(shape: str, seed: int, bucket_mib: int, commands, replies) -> None:
@@ -425,7 +483,7 @@ def main() -> None:
                 del trainer
                 result["weight_sync"].append(sync)
                 size = f"{sync['bytes'] / 2**30:.2f} GiB bf16"
-                for mode in ("direct", "ipc", "reload"):
+                for mode in ("direct", "direct_kv_released", "ipc", "reload"):
                     if f"{mode}_s" in sync:
                         runs = sync[f"{mode}_runs_s"]
                         rows.append(
@@ -456,12 +514,18 @@ def main() -> None:
     for sync in result["weight_sync"]:
         ways = ", ".join(
             f"{mode} {sync[f'{mode}_s'] * 1e3:.2f} ms (gap {sync[f'logprob_gap_after_{mode}']:.4f})"
-            for mode in ("direct", "ipc", "reload")
+            for mode in ("direct", "direct_kv_released", "ipc", "reload")
             if f"{mode}_s" in sync
+        )
+        parts = ", ".join(
+            f"{part} {sync[f'direct_{part}_s'] * 1e3:.2f} ms"
+            for part in ("handoff", "prefix_reset", "filter", "write")
+            if f"direct_{part}_s" in sync
         )
         print(
             f"sync {sync['shape']} ({sync['bytes'] / 2**30:.2f} GiB): {ways}; floor {sync['copy_floor_s'] * 1e3:.2f} ms, "
             f"copy_ {sync['measured_copy_s'] * 1e3:.2f} ms; gap before {sync['logprob_gap_before_sync']:.3f}"
+            + (f"; direct's parts: {parts}" if parts else "")
         )
     print("\n| name | value | unit | hardware | command |\n|---|---|---|---|---|")
     print("\n".join(rows))

@@ -21,6 +21,7 @@ collect() {  # what comes back: results, logs and tables (models, checkpoints an
      -exec cp --parents {} "$FINAL"/ \;)
   for m in "$OUT"/grpo_step/runs/*/metrics.jsonl; do [ -f "$m" ] && cp "$m" "$FINAL/$(basename "$(dirname "$m")")_metrics.jsonl"; done
   [ -f "$OUT/verl/verl.log" ] && tail -c 200000 "$OUT/verl/verl.log" > "$FINAL/verl_log_tail.txt"
+  [ -f "$OUT/verl/verl.log" ] && grep -v -i "warn\|^\[[ 0-9.]*s\] *$" "$OUT/verl/verl.log" | head -c 400000 > "$FINAL/verl_log_head.txt"
   [ -d "$OUT/profile" ] && cp -r "$OUT/profile" "$FINAL/"
   if [ "$(find "$FINAL" -type f | wc -l)" -le 8 ]; then cp -r "$FINAL"/. "$final"/
   else tar -C "$FINAL" -czf "$final/results.tgz" . && cp "$FINAL/commands.txt" "$final/" 2>/dev/null; fi  # tar -xzf results.tgz
@@ -102,6 +103,28 @@ for stage in "$@"; do case $stage in
           --model "$OUT/grpo_step/qwen2-$SHAPE" --shape "$SHAPE" --prompts-file "$OUT/grpo_step/prompts.jsonl" \
           --work /tmp/verl_work --steps 4 --timeout 520 --out "$OUT/verl"
         kill $smi ;;
+  inputs) step inputs 120 python3 benchmarks/grpo_step_gpu.py --shape "$SHAPE" --skip-raw --skip-rlcore \
+            --out "$OUT/grpo_step" ;;  # the model folder and prompt file alone (what verl-bg reads)
+  chain) free_gpu; mkdir -p "$OUT/verl"  # CHAIN="stage ..." one after another, detached: they outlive this call
+        # (verl alone takes most of 15 minutes); wait-chain waits and brings back what has finished.
+        rm -f "$OUT/chain.done"
+        setsid nohup bash -c "OUT= RES=$OUT bash $0 ${CHAIN:?CHAIN=stages}; touch $OUT/chain.done" \
+          > "$OUT/chain.log" 2>&1 &
+        echo "chain started ($CHAIN): $!" | tee -a "$OUT/commands.txt" ;;
+  wait-chain) for _ in $(seq "${WAIT:-560}"); do [ -f "$OUT/chain.done" ] && break; sleep 1; done
+        [ -f "$OUT/chain.done" ] && echo "chain done" || echo "chain still running"
+        tail -n 40 "$OUT/chain.log" ;;
+  verl-fg) free_gpu; mkdir -p "$OUT/verl"  # verl in the foreground of a chain (VERL_STEPS, VERL_TIMEOUT)
+        nvidia-smi --query-gpu=memory.used --format=csv,noheader,nounits -lms 500 > "$OUT/verl/gpu_memory.csv" &
+        smi=$!
+        PYTHONPATH=/tmp/proj:/tmp/verl:/tmp/vsite step "verl-$SHAPE" $(( ${VERL_TIMEOUT:-900} + 60 )) python3 \
+          benchmarks/verl_grpo_step.py --model "$OUT/grpo_step/qwen2-$SHAPE" --shape "$SHAPE" \
+          --prompts-file "$OUT/grpo_step/prompts.jsonl" --work /tmp/verl_work --steps ${VERL_STEPS:-2} \
+          --timeout ${VERL_TIMEOUT:-900} --out "$OUT/verl"
+        kill $smi ;;
+  throughput7) free_gpu
+          step throughput 330 python3 benchmarks/vllm_gpu.py --batch 64 256 --new-tokens 256 --shape 0.5B --sync-shapes \
+            --repeats 7 --out "$OUT/vllm_throughput.json" ;;
   compare) step compare 120 python3 benchmarks/grpo_step_gpu.py --shape "$SHAPE" --skip-raw --skip-rlcore \
              --out "$OUT/grpo_step" --verl "$OUT/verl" ;;
   *) echo "unknown stage $stage"; exit 2 ;;

@@ -135,6 +135,10 @@ class VLLMRollout(RolloutEngine):
         self.streams_weights = config.in_process and backend == "uni"
         self._released: set[str] = set()
         self._weights_discarded = False  # sleep level 2 dropped them; a load must come before generating
+        # True once requests ran since the prefix cache was last dropped: only then can it hold KV of
+        # older weights. Dropping it walks every KV block in Python (milliseconds on a large cache), so a
+        # load with nothing cached since the last drop skips it.
+        self._prefix_cache_dirty = False
 
     def _plan_weight_write(self, wanted: str) -> str:
         if wanted == "reload":
@@ -158,6 +162,7 @@ class VLLMRollout(RolloutEngine):
     # -- generation ------------------------------------------------------------------------------
     def generate(self, prompts: Sequence[Sequence[int]], params: SamplingParams) -> list[list[Completion]]:
         rows = self._check_request(prompts, params)
+        self._prefix_cache_dirty = True
         if params.seed is not None and self.config.seeding == "batch":
             unseeded = to_vllm(params, None)
             futures = self._loop.submit_many(
@@ -186,6 +191,7 @@ class VLLMRollout(RolloutEngine):
         """One prompt's ``n`` samples, awaited. Many calls may be in flight; the engine batches them with
         each other and with ``generate`` calls. Cancelling the awaiting task aborts its requests."""
         (row,) = self._check_request([prompt], params)
+        self._prefix_cache_dirty = True
         futures: list[Future] = self._loop.submit_many(
             [(row, to_vllm(params, seed)) for seed in request_seeds(params, 0)]
         )
@@ -237,8 +243,14 @@ class VLLMRollout(RolloutEngine):
             finally:
                 if stream.loaded:
                     self._weights_discarded = False
-                    if "kv_cache" not in self._released and self.config.reset_prefix_cache_after_load:
+                    # With the KV cache released, resuming it drops the prefix cache anyway.
+                    if (
+                        "kv_cache" not in self._released
+                        and self._prefix_cache_dirty
+                        and self.config.reset_prefix_cache_after_load
+                    ):
                         _reset_prefix_cache(llm)
+                        self._prefix_cache_dirty = False
         stream.raise_if_failed()
 
     # -- memory ----------------------------------------------------------------------------------
@@ -270,6 +282,7 @@ class VLLMRollout(RolloutEngine):
                 llm.wake_up(tags=waking)
             if "kv_cache" in waking:
                 _reset_prefix_cache(llm)
+                self._prefix_cache_dirty = False
         self._released -= set(waking)
 
     @contextlib.contextmanager
@@ -277,8 +290,11 @@ class VLLMRollout(RolloutEngine):
         """The underlying ``vllm.LLM``, for direct use in the caller's thread (a custom
         ``collective_rpc``, a raw ``LLM.generate`` to compare against): waits for requests in flight,
         holds new ones back until the block exits."""
-        with self._loop.exclusive() as llm:
-            yield llm
+        try:
+            with self._loop.exclusive() as llm:
+                yield llm
+        finally:
+            self._prefix_cache_dirty = True  # whatever the caller ran may have filled the prefix cache
 
     def shutdown(self) -> None:
         """Stop the engine thread and vLLM's engine core (and its processes, if any). Idempotent."""

@@ -136,6 +136,38 @@ def test_without_prefix_cache_reset_long_prompts_are_stale(engine, trained, chec
         engine.load_weights(bucketize(checkpoint_weights, 1 << 20))
 
 
+def test_prefix_cache_is_dropped_only_when_requests_ran_since_the_last_drop(
+    engine, trained, checkpoint_weights, monkeypatch
+):
+    """Dropping the prefix cache walks every KV block; a load right after a load (nothing generated in
+    between, so nothing cached from older weights) skips it, and the generation after still sees the new
+    weights through a prompt spanning full KV blocks."""
+    model, model64 = trained
+    prompts = long_prompts(engine.kv_block_size)
+    with engine.exclusive() as llm:
+        real = llm.reset_prefix_cache
+    drops: list[int] = []
+
+    def counted():
+        drops.append(1)
+        return real()
+
+    with engine.exclusive() as llm:
+        monkeypatch.setattr(llm, "reset_prefix_cache", counted)
+    try:
+        engine.generate(prompts, SYNC_SAMPLING)
+        engine.load_weights(bucketize(checkpoint_weights, 1 << 20))
+        assert len(drops) == 1, "a load after generating drops the cache"
+        push(engine, model)
+        assert len(drops) == 1, "a load after a load does not"
+        out = engine.generate(prompts, SYNC_SAMPLING)
+        assert max_logprob_gap(model64, out, SYNC_SAMPLING.temperature) < LOGPROB_ATOL
+        push(engine, model)
+        assert len(drops) == 2, "generating made the cache stale again"
+    finally:
+        engine.load_weights(bucketize(checkpoint_weights, 1 << 20))
+
+
 def test_serialized_load_path(engine, trained, checkpoint_weights):
     """The path used when workers live in other processes (``in_process=False`` or tensor parallelism):
     the stream is collected into a safetensors blob and sent through ``collective_rpc``. Driven here on
