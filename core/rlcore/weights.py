@@ -65,7 +65,7 @@ def assemble(buckets: Iterable[WeightBucket]) -> Iterator[tuple[str, torch.Tenso
     pending: dict[str, tuple[torch.Tensor, int]] = {}
     for bucket in buckets:
         for name, tensor in bucket:
-            match = _PIECE.match(name)
+            match = _PIECE.match(name) if "@" in name else None  # most names are whole tensors
             if match is None:
                 yield name, tensor
                 continue
