@@ -13,9 +13,13 @@
 #   7b           a 7B shape over both GPUs (2 x H200): Megatron TP=2, then the FSDP engine on the same two
 #                GPUs, the same steps (65,536 tokens per GPU, micro-batches of 4,096 tokens)
 #   tp2-1.5b     Megatron TP=2 and DP=2 on both GPUs (1.5B)
+#   seq-0.5b, seq-1.5b   on ONE GPU, one after another: Megatron TP=1 with megatron.compile, the same without,
+#                then FSDP's tuned setting (the -h100 rows on the one-GPU kind)
+# SITE=/tmp/vsite runs on the vLLM bundle instead (it carries megatron-core 0.19.2 too; step_h100.sh setup
+# installs plugins/megatron beside it).
 set -uo pipefail
 OUT=${OUT:-/tmp/out}; mkdir -p "$OUT"
-export PYTHONPATH=/tmp/proj:/tmp/site TOKENIZERS_PARALLELISM=false
+export PYTHONPATH=/tmp/proj:${SITE:-/tmp/site} TOKENIZERS_PARALLELISM=false
 MODELS=/tmp/rlcore-bench-models
 MEGATRON="--remove-padding --logits-chunk-size 4096 --max-tokens-per-micro-batch 16384"
 FSDP="--systems fsdp-mp-varlen-compile --no-reshard-after-forward --reduce-grads-once-per-step \
@@ -51,6 +55,16 @@ for stage in "$@"; do case $stage in
          CUDA_VISIBLE_DEVICES=1 run $stage-off 500 python3 benchmarks/megatron_gpu.py --gpus 1 --layouts tp1 --model $model \
            --model-dir $MODELS $MEGATRON $common --out "$OUT/$stage-off.json" &
          wait; grep -h "^tp1" "$OUT/$stage-on.log" "$OUT/$stage-off.log" ;;
+  seq-0.5b|seq-1.5b) model=qwen2.5-${stage#seq-}; save_model $model
+         if [ $model = qwen2.5-0.5b ]; then common="--tokens-per-step 65536 --steps 5 --warmup 3"
+         else common="--tokens-per-step 262144 --steps 3 --warmup 2"; fi
+         run $stage-megatron-compile 400 python3 benchmarks/megatron_gpu.py --gpus 1 --layouts tp1 --model $model \
+           --model-dir $MODELS $MEGATRON $common --compile --out "$OUT/$stage-megatron-compile.json"
+         run $stage-megatron-eager 400 python3 benchmarks/megatron_gpu.py --gpus 1 --layouts tp1 --model $model \
+           --model-dir $MODELS $MEGATRON $common --out "$OUT/$stage-megatron-eager.json"
+         run $stage-fsdp 400 python3 benchmarks/fsdp_train.py --gpus 1 --models $model $FSDP $common \
+           --model-dir $MODELS --out "$OUT/$stage-fsdp.json"
+         grep -h "^tp1" "$OUT/$stage-megatron-compile.log" "$OUT/$stage-megatron-eager.log"; tail -n 3 "$OUT/$stage-fsdp.log" ;;
   7b) save_model qwen2.5-7b
          common="--tokens-per-step 65536 --max-tokens-per-micro-batch 4096 --steps 3 --warmup 2"
          run 7b-megatron 560 python3 benchmarks/megatron_gpu.py --gpus 2 --layouts tp2 --model qwen2.5-7b \

@@ -46,7 +46,7 @@ for stage in "$@"; do case $stage in
           fi
           ls /tmp/vsite | wc -l; ls /tmp/verl 2>/dev/null | wc -l ;;
   setup) python3 -m pip install -q --no-deps --no-index --no-build-isolation --target /tmp/proj ./core ./plugins/vllm \
-           ./plugins/fsdp > "$OUT/setup.log" 2>&1; echo "setup exit $?"
+           ./plugins/fsdp ./plugins/megatron > "$OUT/setup.log" 2>&1; echo "setup exit $?"
          nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv | tee -a "$OUT/setup.log" ;;
   tests) step tests 200 python3 -m pytest core/tests/transports/test_ipc.py -v -rA --junitxml="$OUT/tests.xml" ;;
   sync) for s in 0.5B 1.5B 7B; do free_gpu
@@ -125,6 +125,8 @@ for stage in "$@"; do case $stage in
   throughput7) free_gpu
           step throughput 330 python3 benchmarks/vllm_gpu.py --batch 64 256 --new-tokens 256 --shape 0.5B --sync-shapes \
             --repeats 7 --out "$OUT/vllm_throughput.json" ;;
+  megatron-seq-0.5b|megatron-seq-1.5b) free_gpu  # Megatron beside FSDP on this one GPU (megatron_h100.sh, this bundle)
+        mkdir -p "$OUT/megatron"; OUT="$OUT/megatron" SITE=/tmp/vsite bash benchmarks/gpu/megatron_h100.sh "${stage#megatron-}" ;;
   compare) step compare 120 python3 benchmarks/grpo_step_gpu.py --shape "$SHAPE" --skip-raw --skip-rlcore \
              --out "$OUT/grpo_step" --verl "$OUT/verl" ;;
   *) echo "unknown stage $stage"; exit 2 ;;
