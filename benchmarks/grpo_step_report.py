@@ -1,10 +1,15 @@
-"""The whole-step table and bar chart of ``docs/benchmarks.md`` from the GPU calls' raw files.
+"""The whole-step tables and bar charts of ``docs/benchmarks.md`` from the GPU calls' raw files.
 
-Reads, in ``benchmarks/results/grpo_step/``: ``round2_rlcore_metrics.jsonl`` (rlcore's ``metrics.jsonl``),
-``round2_raw_generate.json`` (the bound's raw vLLM run, the same call) and ``round2_verl_step1.txt``
-(verl's console line of its step 1), and writes ``summary.json`` and ``phases.png`` there.
+``--round 5`` (the default): one chain on one warm H100 (``benchmarks/results/grpo_step/round5/``):
+rlcore's FSDP fast path (``rlcore_fast_metrics.jsonl``, 5 steps, the last profiled), verl's two steps
+(``verl_metrics.json``) and rlcore's defaults (``rlcore_defaults_metrics.jsonl``, right after on the same
+machine); writes ``round5/summary.json`` and ``round5/phases.png``.
 
-    python benchmarks/grpo_step_report.py [--dir benchmarks/results/grpo_step] [--profiled-step 5]
+``--round 2``: ``round2_rlcore_metrics.jsonl`` (rlcore's ``metrics.jsonl``), ``round2_raw_generate.json``
+(the bound's raw vLLM run, the same call) and ``round2_verl_step1.txt`` (verl's console line of its step
+1); writes ``summary.json`` and ``phases.png``.
+
+    python benchmarks/grpo_step_report.py [--round 5] [--dir benchmarks/results/grpo_step]
 """
 
 from __future__ import annotations
@@ -42,7 +47,11 @@ def main() -> None:
     parser.add_argument("--dir", type=Path, default=Path(__file__).parent / "results" / "grpo_step")
     parser.add_argument("--profiled-step", type=int, default=5)
     parser.add_argument("--mfu", type=float, default=0.288)
+    parser.add_argument("--round", type=int, default=5, choices=(2, 5))
     args = parser.parse_args()
+    if args.round == 5:
+        round5(args.dir / "round5")
+        return
     from grpo_step_gpu import PROMPT_LEN, PROMPTS, N, bound, summarize
 
     records = [json.loads(line) for line in (args.dir / "round2_rlcore_metrics.jsonl").open()]
@@ -76,11 +85,6 @@ def main() -> None:
     (args.dir / "summary.json").write_text(json.dumps(summary, indent=2))
     print(json.dumps(summary, indent=2))
 
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
     bars = {
         "rlcore, steps 2-4\n(median)": rlcore,
         "rlcore, step 1": {**summary["rlcore_step1_phases_s"], "other": 0.0},
@@ -96,6 +100,75 @@ def main() -> None:
         if name.startswith(("rlcore, step 1", "verl")):
             total = summary["rlcore_step1_s"] if name.startswith("rlcore") else summary["verl_step1_s"]
             parts["other"] = max(0.0, total - sum(v for k, v in parts.items() if k != "other"))
+    draw(bars, args.dir / "phases.png")
+
+
+def rlcore_run(path: Path, profiled: int) -> tuple[dict, dict]:
+    """(medians of the steps after the first, the profiled one left out; step 1) of a ``metrics.jsonl``."""
+    from grpo_step_gpu import summarize
+
+    steps = [r for r in map(json.loads, path.open()) if "timing/step" in r]
+    return summarize(steps, profiled), steps[0]
+
+
+def round5(folder: Path) -> None:
+    """rlcore (fast path, defaults) and verl on one machine: the summary and the phase chart."""
+    fast, fast_first = rlcore_run(folder / "rlcore_fast_metrics.jsonl", 5)
+    defaults, _ = rlcore_run(folder / "rlcore_defaults_metrics.jsonl", 0)
+    verl = {s["step"]: s for s in json.loads((folder / "verl_metrics.json").read_text())["steps"]}
+
+    def phases(run: dict) -> dict[str, float]:
+        parts = {p: run["phases_s"].get(p, 0.0) for p in PHASES}
+        parts["other"] = max(0.0, run["step_s"] - sum(parts.values()))  # controller, reward, advantages
+        return parts
+
+    def verl_phases(step: dict) -> dict[str, float]:
+        parts = {p: step.get(f"timing_s/{k}", 0.0) for p, k in PHASES.items()}
+        parts["other"] = max(0.0, step["timing_s/step"] - sum(parts.values()))
+        return parts
+
+    first = {p: fast_first.get(f"timing/{p}", 0.0) for p in PHASES}
+    first["other"] = max(0.0, fast_first["timing/step"] - sum(first.values()))
+    bars = {
+        "rlcore fast path,\nsteps 2-4 (median)": phases(fast),
+        "rlcore defaults,\nsteps 2-4 (median)": phases(defaults),
+        "verl, step 2": verl_phases(verl[2]),
+        "rlcore fast path,\nstep 1": first,
+        "verl, step 1": verl_phases(verl[1]),
+    }
+    summary = {
+        "rlcore_fast_step_s": fast["step_s"],
+        "rlcore_fast_step_range_s": fast["step_range_s"],
+        "rlcore_defaults_step_s": defaults["step_s"],
+        "rlcore_defaults_step_range_s": defaults["step_range_s"],
+        "verl_step2_s": verl[2]["timing_s/step"],
+        "verl_step1_s": verl[1]["timing_s/step"],
+        "rlcore_fast_over_verl": fast["step_s"] / verl[2]["timing_s/step"],
+        "rlcore_defaults_over_verl": defaults["step_s"] / verl[2]["timing_s/step"],
+        "rlcore_step1_over_verl_step1": fast_first["timing/step"] / verl[1]["timing_s/step"],
+        "phases_s": {name.replace("\n", " "): parts for name, parts in bars.items()},
+        "rlcore_fast_tokens_per_s_per_gpu": fast["tokens_per_s_per_gpu"],
+        "rlcore_defaults_tokens_per_s_per_gpu": defaults["tokens_per_s_per_gpu"],
+        "verl_step2_tokens_per_s_per_gpu": verl[2].get("perf/throughput"),
+        "verl_step2_mfu_actor": verl[2].get("perf/mfu/actor"),
+        "rlcore_fast_sync_seconds": fast["sync_s"],
+        "rlcore_fast_release_resume_s": fast["release_resume_s"],
+    }
+    (folder / "summary.json").write_text(json.dumps(summary, indent=2))
+    print(json.dumps(summary, indent=2))
+    totals = [fast["step_s"], defaults["step_s"], verl[2]["timing_s/step"]]
+    totals += [fast_first["timing/step"], verl[1]["timing_s/step"]]
+    draw(bars, folder / "phases.png", totals)
+
+
+def draw(bars: dict[str, dict[str, float]], path: Path, totals: list[float] | None = None) -> None:
+    """Stacked horizontal bars: one per run, one colour per phase, the step time (``totals``, default the
+    phases' sum) at the end."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
     fig, ax = plt.subplots(figsize=(8, 4.5))
     keys = [*PHASES, "other"]
     for i, parts in enumerate(bars.values()):
@@ -104,15 +177,14 @@ def main() -> None:
             value = parts.get(key, 0.0)
             ax.barh(i, value, left=left, color=f"C{j}", label=key if i == 0 else None)
             left += value
-        ax.text(left + 2, i, f"{left:.1f} s", va="center")
+        ax.text(left + 2, i, f"{(totals[i] if totals else left):.1f} s", va="center")
     ax.set_yticks(range(len(bars)), list(bars))
+    ax.set_xlim(0, ax.get_xlim()[1] * 1.12)  # room for the last label
     ax.invert_yaxis()
-    ax.set_xlabel(
-        "seconds per GRPO step (64 prompts x 8 samples, 256 + 512 tokens, Qwen2.5-0.5B shape, 1 H100)"
-    )
-    ax.legend(loc="lower right", fontsize=8)
+    ax.set_xlabel("seconds per GRPO step (64 prompts x 8 samples, 256 + 512 tokens, 0.5B shape, 1 H100)")
+    ax.legend(loc="upper right", fontsize=8)
     fig.tight_layout()
-    fig.savefig(args.dir / "phases.png", dpi=120)
+    fig.savefig(path, dpi=120)
 
 
 if __name__ == "__main__":
