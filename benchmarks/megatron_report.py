@@ -3,7 +3,8 @@
 Reads the JSON of ``benchmarks/megatron_gpu.py`` and ``benchmarks/fsdp_train.py`` kept in
 ``benchmarks/results/megatron/`` (file names in :data:`ROWS`) and writes ``tokens_per_s.png`` there: per
 model shape, training tokens/s per GPU of the Megatron engine before and after the packed-rotary fix and of
-the FSDP engine beside it, with MFU on each bar.
+the FSDP engine beside it, with MFU on each bar. The same for the one-H100 call (:data:`H100_ROWS`,
+``h100/``: Megatron compiled and eager, then FSDP, on one GPU) into ``h100/tokens_per_s.png``.
 
     python benchmarks/megatron_report.py [--dir benchmarks/results/megatron]
 """
@@ -24,27 +25,49 @@ ROWS = {
     ("1.5B", "FSDP"): "h200-1.5b-fsdp-pair2.json",
 }
 
+#: The one-H100 call (``megatron_h100.sh seq-*``); a missing file is a run that did not finish (OOM).
+H100_ROWS = {
+    ("0.5B", "Megatron TP=1, compiled"): "h100/seq-0.5b-megatron-compile.json",
+    ("0.5B", "Megatron TP=1, eager"): "h100/seq-0.5b-megatron-eager.json",
+    ("0.5B", "FSDP"): "h100/seq-0.5b-fsdp.json",
+    ("1.5B", "Megatron TP=1, compiled"): "h100/seq-1.5b-megatron-compile.json",
+    ("1.5B", "Megatron TP=1, eager"): "h100/seq-1.5b-megatron-eager.json",
+    ("1.5B", "FSDP"): "h100/seq-1.5b-fsdp.json",
+}
+
 
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--dir", default=str(Path(__file__).resolve().parent / "results" / "megatron"))
     folder = Path(p.parse_args().dir)
+    chart(folder, ROWS, "Megatron vs FSDP engine, one H200 each, same workload", folder / "tokens_per_s.png")
+    chart(
+        folder,
+        H100_ROWS,
+        "Megatron vs FSDP engine, one after another on one H100",
+        folder / "h100" / "tokens_per_s.png",
+    )
+
+
+def chart(folder: Path, table: dict, title: str, out: Path) -> None:
+    """Grouped bars: tokens/s per GPU per (shape, system) of ``table``, MFU on each bar."""
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    shapes = sorted({shape for shape, _ in ROWS})
-    labels = list(dict.fromkeys(label for _, label in ROWS))
+    shapes = sorted({shape for shape, _ in table})
+    labels = list(dict.fromkeys(label for _, label in table))
     fig, ax = plt.subplots(figsize=(8, 4.5))
     width = 0.8 / len(labels)
     for k, label in enumerate(labels):
-        rows = [json.loads((folder / ROWS[shape, label]).read_text())["results"][0] for shape in shapes]
+        paths = [folder / table[shape, label] for shape in shapes]
+        rows = [json.loads(path.read_text())["results"][0] if path.exists() else None for path in paths]
         xs = [i + (k - (len(labels) - 1) / 2) * width for i in range(len(shapes))]
-        bars = ax.bar(xs, [r["tokens_per_s"] / 1000 for r in rows], width, label=label)
+        bars = ax.bar(xs, [r["tokens_per_s"] / 1000 if r else 0.0 for r in rows], width, label=label)
         for bar, row in zip(bars, rows, strict=True):
             ax.annotate(
-                f"{100 * row['mfu']:.0f}% MFU",
+                f"{100 * row['mfu']:.0f}% MFU" if row else "out of memory",
                 (bar.get_x() + bar.get_width() / 2, bar.get_height()),
                 ha="center",
                 va="bottom",
@@ -52,10 +75,9 @@ def main() -> None:
             )
     ax.set_xticks(range(len(shapes)), [f"Qwen2.5-{s} shape" for s in shapes])
     ax.set_ylabel("training tokens/s per GPU (thousands)")
-    ax.set_title("Megatron vs FSDP engine, one H200 each, same workload")
+    ax.set_title(title)
     ax.legend()
     fig.tight_layout()
-    out = folder / "tokens_per_s.png"
     fig.savefig(out, dpi=120)
     print(f"wrote {out}")
 
