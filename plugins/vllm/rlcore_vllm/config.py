@@ -120,7 +120,8 @@ class VLLMConfig:
     #: when neither filter is on. ``raw_logprobs`` (vLLM's default): ``log_softmax(logits)``, ignoring the
     #: temperature, which disagrees with the trainer whenever ``temperature != 1``.
     logprobs_mode: str = attrs.field(default="processed_logprobs", validator=_logprobs_mode)
-    #: Debugging switch: drop vLLM's prefix cache after every weight load. Turning it off reproduces the
+    #: Debugging switch: drop vLLM's prefix cache after a weight load (one that follows requests: with
+    #: none since the last drop nothing is cached from older weights). Turning it off reproduces the
     #: stale-cache bug (prompts longer than one KV block keep generating from the old weights); never
     #: turn it off in a run.
     reset_prefix_cache_after_load: bool = True
