@@ -48,8 +48,8 @@ class ModelWeights:
 
     layout: WeightLayout
     packed: Mapping[str, tuple[str, ...]]
-    # Computed once: a sync looks every name up, and at ~290 names per 0.5B model the per-name string
-    # work was a third of the whole load's time.
+    # Computed once: a sync looks every name up (~290 for a 0.5B model), and redoing the string work
+    # per load was half the stream filter's time (1.5 -> 0.67 ms for 0.5B on an H100 host).
     _module: Mapping[str, str] = attrs.field(init=False, repr=False, eq=False)
     _members: Mapping[str, frozenset[str]] = attrs.field(init=False, repr=False, eq=False)
 
