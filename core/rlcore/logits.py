@@ -43,11 +43,15 @@ import torch
 import torch.nn.functional as F
 
 
+def _scaled(logits: torch.Tensor, temperature: float) -> torch.Tensor:
+    """``logits [c, V] / temperature`` in at least fp32 (``logits`` itself when nothing changes)."""
+    z = logits.to(torch.promote_types(logits.dtype, torch.float32))
+    return z / temperature if temperature != 1.0 else z
+
+
 def _stats(logits: torch.Tensor, targets: torch.Tensor, temperature: float):
     """``logits [c, V]`` -> fp32 ``log_probs``, ``entropy``, ``lse`` ``[c]``."""
-    z = logits.to(torch.promote_types(logits.dtype, torch.float32))
-    if temperature != 1.0:
-        z = z / temperature
+    z = _scaled(logits, temperature)
     lse = torch.logsumexp(z, dim=-1)
     log_probs = z.gather(-1, targets.unsqueeze(-1)).squeeze(-1) - lse
     p = torch.exp(z - lse.unsqueeze(-1))
@@ -65,10 +69,8 @@ def _grad_logits(
     temperature: float,
 ) -> torch.Tensor:
     """``dL/dlogits [c, V]`` in ``logits.dtype`` from the upstream ``g_lp``/``g_ent [c]`` (see module doc)."""
-    z = logits.to(torch.promote_types(logits.dtype, torch.float32))
-    if temperature != 1.0:
-        z = z / temperature
-    elif z is logits:
+    z = _scaled(logits, temperature)
+    if z is logits:  # z is about to be overwritten in place
         z = z.clone()
     p = torch.exp(z - lse.unsqueeze(-1))
     # z becomes the gradient in place: -(p * (g_lp + g_ent * (z - lse + H))) + g_lp * onehot
@@ -92,9 +94,7 @@ def _grad_logits_functional(
     target's term as a ``where`` instead of a scatter, so the compiler makes one pass that reads the
     logits and writes the gradient. Compiled, the in-place form took 2.3x as long on an H100
     (``benchmarks/logits_kernels.py``); eager, this form would hold twice its fp32 ``[c, V]`` temporaries."""
-    z = logits.to(torch.promote_types(logits.dtype, torch.float32))
-    if temperature != 1.0:
-        z = z / temperature
+    z = _scaled(logits, temperature)
     lse, entropy, g_lp, g_ent = (t.unsqueeze(-1) for t in (lse, entropy, g_lp, g_ent))
     p = torch.exp(z - lse)
     target = torch.arange(z.shape[-1], device=z.device) == targets.unsqueeze(-1)
