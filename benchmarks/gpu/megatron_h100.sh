@@ -36,6 +36,10 @@ pair() { local name=$1 model=$2 tokens=$3 steps=$4 warmup=$5 ga=$6 gb=$7
   CUDA_VISIBLE_DEVICES=$gb run "$name-fsdp" 500 python3 benchmarks/fsdp_train.py --gpus 1 --models "$model" \
     $FSDP $common --model-dir $MODELS --out "$OUT/$name-fsdp.json" &
   wait; grep -h "^tp1" "$OUT/$name-megatron.log"; tail -n 3 "$OUT/$name-fsdp.log"; }
+# The per-GPU workload of the compile and seq stages (the pairs' numbers): 0.5B 65,536 tokens a step, 5
+# timed after 3; 1.5B 262,144, 3 after 2.
+workload() { if [ "$1" = qwen2.5-0.5b ]; then echo "--tokens-per-step 65536 --steps 5 --warmup 3"
+  else echo "--tokens-per-step 262144 --steps 3 --warmup 2"; fi; }
 # The random model once, before two processes would both write it.
 save_model() { python3 -c "
 import sys, torch; sys.path.insert(0, 'benchmarks')
@@ -48,16 +52,14 @@ for stage in "$@"; do case $stage in
   pair-1.5b) pair pair-1.5b qwen2.5-1.5b 262144 3 2 0 1 ;;
   swap-1.5b) pair swap-1.5b qwen2.5-1.5b 262144 3 2 1 0 ;;
   compile-0.5b|compile-1.5b) model=qwen2.5-${stage#compile-}; save_model $model
-         if [ $model = qwen2.5-0.5b ]; then common="--tokens-per-step 65536 --steps 5 --warmup 3"
-         else common="--tokens-per-step 262144 --steps 3 --warmup 2"; fi
+         common=$(workload $model)
          CUDA_VISIBLE_DEVICES=0 run $stage-on 500 python3 benchmarks/megatron_gpu.py --gpus 1 --layouts tp1 --model $model \
            --model-dir $MODELS $MEGATRON $common --compile --out "$OUT/$stage-on.json" &
          CUDA_VISIBLE_DEVICES=1 run $stage-off 500 python3 benchmarks/megatron_gpu.py --gpus 1 --layouts tp1 --model $model \
            --model-dir $MODELS $MEGATRON $common --out "$OUT/$stage-off.json" &
          wait; grep -h "^tp1" "$OUT/$stage-on.log" "$OUT/$stage-off.log" ;;
   seq-0.5b|seq-1.5b) model=qwen2.5-${stage#seq-}; save_model $model
-         if [ $model = qwen2.5-0.5b ]; then common="--tokens-per-step 65536 --steps 5 --warmup 3"
-         else common="--tokens-per-step 262144 --steps 3 --warmup 2"; fi
+         common=$(workload $model)
          run $stage-megatron-compile 400 python3 benchmarks/megatron_gpu.py --gpus 1 --layouts tp1 --model $model \
            --model-dir $MODELS $MEGATRON $common --compile --out "$OUT/$stage-megatron-compile.json"
          run $stage-megatron-eager 400 python3 benchmarks/megatron_gpu.py --gpus 1 --layouts tp1 --model $model \

@@ -55,9 +55,10 @@ for stage in "$@"; do case $stage in
   sync-small) for s in 0.5B 1.5B; do free_gpu
           step "sync-$s" 200 python3 benchmarks/vllm_gpu.py --batch --sync-shapes "$s" --bucket-mib 512 --repeats 5 \
             --out "$OUT/vllm_sync_$s.json"; done ;;
-  throughput) free_gpu
+  throughput|throughput7) free_gpu  # throughput7: 7 repeats, without the per-request-seed system
+          runs="--repeats 5 --request-seeds"; [ "$stage" = throughput7 ] && runs="--repeats 7"
           step throughput 330 python3 benchmarks/vllm_gpu.py --batch 64 256 --new-tokens 256 --shape 0.5B --sync-shapes \
-            --repeats 5 --request-seeds --out "$OUT/vllm_throughput.json" ;;
+            $runs --out "$OUT/vllm_throughput.json" ;;
   step) free_gpu  # STEP_OVERRIDES: more rlcore key=value (a fallback, e.g. transport.name=ray)
         step "grpo-step-$SHAPE" 560 python3 benchmarks/grpo_step_gpu.py --shape "$SHAPE" --steps 4 --timeout 520 \
           --out "$OUT/grpo_step" ${STEP_OVERRIDES:-} ;;
@@ -96,12 +97,14 @@ for stage in "$@"; do case $stage in
         if [ -n "${VARIANT:-}" ]; then set -- $VARIANT; name=$1; shift; free_gpu
           step "grpo-step-$name-$SHAPE" 280 python3 benchmarks/grpo_step_gpu.py --shape "$SHAPE" --steps 4 \
             --timeout 260 --skip-raw --name "$name" --out "$OUT/grpo_step" "$@"; fi ;;
-  verl) free_gpu; mkdir -p "$OUT/verl"
+  verl|verl-fg) free_gpu; mkdir -p "$OUT/verl"  # VERL_STEPS, VERL_TIMEOUT: 4, 520 s (verl-fg, in a chain: 2, 900 s)
+        if [ "$stage" = verl ]; then steps=${VERL_STEPS:-4} limit=${VERL_TIMEOUT:-520}
+        else steps=${VERL_STEPS:-2} limit=${VERL_TIMEOUT:-900}; fi
         nvidia-smi --query-gpu=memory.used --format=csv,noheader,nounits -lms 500 > "$OUT/verl/gpu_memory.csv" &
         smi=$!
-        PYTHONPATH=/tmp/proj:/tmp/verl:/tmp/vsite step "verl-$SHAPE" 560 python3 benchmarks/verl_grpo_step.py \
+        PYTHONPATH=/tmp/proj:/tmp/verl:/tmp/vsite step "verl-$SHAPE" $(( limit + 60 )) python3 benchmarks/verl_grpo_step.py \
           --model "$OUT/grpo_step/qwen2-$SHAPE" --shape "$SHAPE" --prompts-file "$OUT/grpo_step/prompts.jsonl" \
-          --work /tmp/verl_work --steps 4 --timeout 520 --out "$OUT/verl"
+          --work /tmp/verl_work --steps "$steps" --timeout "$limit" --out "$OUT/verl"
         kill $smi ;;
   inputs) step inputs 120 python3 benchmarks/grpo_step_gpu.py --shape "$SHAPE" --skip-raw --skip-rlcore \
             --out "$OUT/grpo_step" ;;  # the model folder and prompt file alone (what verl-bg reads)
@@ -114,17 +117,6 @@ for stage in "$@"; do case $stage in
   wait-chain) for _ in $(seq "${WAIT:-560}"); do [ -f "$OUT/chain.done" ] && break; sleep 1; done
         [ -f "$OUT/chain.done" ] && echo "chain done" || echo "chain still running"
         tail -n 40 "$OUT/chain.log" ;;
-  verl-fg) free_gpu; mkdir -p "$OUT/verl"  # verl in the foreground of a chain (VERL_STEPS, VERL_TIMEOUT)
-        nvidia-smi --query-gpu=memory.used --format=csv,noheader,nounits -lms 500 > "$OUT/verl/gpu_memory.csv" &
-        smi=$!
-        PYTHONPATH=/tmp/proj:/tmp/verl:/tmp/vsite step "verl-$SHAPE" $(( ${VERL_TIMEOUT:-900} + 60 )) python3 \
-          benchmarks/verl_grpo_step.py --model "$OUT/grpo_step/qwen2-$SHAPE" --shape "$SHAPE" \
-          --prompts-file "$OUT/grpo_step/prompts.jsonl" --work /tmp/verl_work --steps ${VERL_STEPS:-2} \
-          --timeout ${VERL_TIMEOUT:-900} --out "$OUT/verl"
-        kill $smi ;;
-  throughput7) free_gpu
-          step throughput 330 python3 benchmarks/vllm_gpu.py --batch 64 256 --new-tokens 256 --shape 0.5B --sync-shapes \
-            --repeats 7 --out "$OUT/vllm_throughput.json" ;;
   megatron-seq-0.5b|megatron-seq-1.5b) free_gpu  # Megatron beside FSDP on this one GPU (megatron_h100.sh, this bundle)
         mkdir -p "$OUT/megatron"; OUT="$OUT/megatron" SITE=/tmp/vsite bash benchmarks/gpu/megatron_h100.sh "${stage#megatron-}" ;;
   compare) step compare 120 python3 benchmarks/grpo_step_gpu.py --shape "$SHAPE" --skip-raw --skip-rlcore \
