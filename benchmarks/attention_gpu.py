@@ -23,6 +23,7 @@ import time
 from pathlib import Path
 
 import torch
+from vllm_gpu import spread
 
 SHAPES = {"0.5B": (14, 2, 64), "1.5B": (12, 2, 128), "7B": (28, 4, 128)}
 
@@ -65,10 +66,6 @@ def timed(fn, warmup: int, repeats: int) -> list[float]:
         stop.synchronize()
         times.append(start.elapsed_time(stop) / 1e3)
     return times
-
-
-def spread(values: list[float]) -> dict:
-    return {"median": statistics.median(values), "min": min(values), "max": max(values), "n": len(values)}
 
 
 def run_shape(name: str, tokens: int, warmup: int, repeats: int) -> dict:

@@ -87,8 +87,8 @@ def main() -> None:
 
     bars = {
         "rlcore, steps 2-4\n(median)": rlcore,
-        "rlcore, step 1": {**summary["rlcore_step1_phases_s"], "other": 0.0},
-        "verl, step 1": {**summary["verl_step1_phases_s"], "other": 0.0},
+        "rlcore, step 1": with_other(summary["rlcore_step1_phases_s"], summary["rlcore_step1_s"]),
+        "verl, step 1": with_other(summary["verl_step1_phases_s"], summary["verl_step1_s"]),
         "sum-of-parts\nbound": {
             "generate": limit["generate_s"],
             "ref_log_probs": limit["ref_s"],
@@ -96,11 +96,13 @@ def main() -> None:
             "sync_weights": limit["copy_floor_s"],
         },
     }
-    for name, parts in bars.items():  # "other": what the phases do not cover
-        if name.startswith(("rlcore, step 1", "verl")):
-            total = summary["rlcore_step1_s"] if name.startswith("rlcore") else summary["verl_step1_s"]
-            parts["other"] = max(0.0, total - sum(v for k, v in parts.items() if k != "other"))
     draw(bars, args.dir / "phases.png")
+
+
+def with_other(parts: dict[str, float], step_s: float) -> dict[str, float]:
+    """``parts`` and ``other``: what the phases do not cover of the step (controller, reward, advantages),
+    never below zero (phases can overlap by a few milliseconds)."""
+    return {**parts, "other": max(0.0, step_s - sum(parts.values()))}
 
 
 def rlcore_run(path: Path, profiled: int) -> tuple[dict, dict]:
@@ -118,17 +120,14 @@ def round5(folder: Path) -> None:
     verl = {s["step"]: s for s in json.loads((folder / "verl_metrics.json").read_text())["steps"]}
 
     def phases(run: dict) -> dict[str, float]:
-        parts = {p: run["phases_s"].get(p, 0.0) for p in PHASES}
-        parts["other"] = max(0.0, run["step_s"] - sum(parts.values()))  # controller, reward, advantages
-        return parts
+        return with_other({p: run["phases_s"].get(p, 0.0) for p in PHASES}, run["step_s"])
 
     def verl_phases(step: dict) -> dict[str, float]:
-        parts = {p: step.get(f"timing_s/{k}", 0.0) for p, k in PHASES.items()}
-        parts["other"] = max(0.0, step["timing_s/step"] - sum(parts.values()))
-        return parts
+        return with_other(
+            {p: step.get(f"timing_s/{k}", 0.0) for p, k in PHASES.items()}, step["timing_s/step"]
+        )
 
-    first = {p: fast_first.get(f"timing/{p}", 0.0) for p in PHASES}
-    first["other"] = max(0.0, fast_first["timing/step"] - sum(first.values()))
+    first = with_other({p: fast_first.get(f"timing/{p}", 0.0) for p in PHASES}, fast_first["timing/step"])
     bars = {
         "rlcore fast path,\nsteps 2-4 (median)": phases(fast),
         "rlcore defaults,\nsteps 2-4 (median)": phases(defaults),
