@@ -1,9 +1,15 @@
 #!/usr/bin/env bash
-# The Megatron rows of docs/benchmarks.md (issue #17) on the lent 2-GPU machine, next to the FSDP engine.
+# The Megatron rows of docs/benchmarks.md (issue #17) on the lent GPU machine, next to the FSDP engine.
 #   bash benchmarks/gpu/megatron_h100.sh [stage ...]     (results and logs under $OUT, default /tmp/out)
-# Needs the SGLang bundle unpacked and the project installed first (it carries megatron-core 0.19.2):
-#   bash benchmarks/gpu/sglang_h100.sh unpack setup
-# Stages (each runs the two engines at once, one per GPU, on the same workload of benchmarks/_workload.py):
+# On a fresh machine, one call: `bash benchmarks/gpu/megatron_bundle.sh` here once, then carry
+# [".gpu-mcore/c1", ".gpu-mcore/tools"] and run `bash benchmarks/gpu/megatron_h100.sh unpack setup ...`
+# (megatron-core 0.19.2 and rlcore's missing imports into /tmp/msite; core, fsdp, megatron into /tmp/proj).
+# Runs that outlive a call: `OUT=/tmp/res CHAIN="stage ..." ... chain`, then `OUT=/tmp/res ... wait-chain
+# collect` (again until "chain done"): collect packs /tmp/res into the call's $OUT as results.tgz.
+# SITE=/tmp/site runs on the SGLang bundle instead (sglang_h100.sh unpack setup), SITE=/tmp/vsite on the
+# vLLM bundle (step_h100.sh unpack setup); both carry megatron-core 0.19.2 too.
+# Stages:
+#   unpack, setup  the Megatron bundle and the project, as above
 #   pair-0.5b    Megatron TP=1 (packed var-len attention, chunked head) on GPU A, FSDP's tuned setting on GPU B
 #   pair-1.5b    the same for the 1.5B shape at 256k tokens per step (the MFU rows)
 #   swap-0.5b, swap-1.5b   the same pairs with the GPUs swapped (the independent re-run of each row)
@@ -13,13 +19,15 @@
 #   7b           a 7B shape over both GPUs (2 x H200): Megatron TP=2, then the FSDP engine on the same two
 #                GPUs, the same steps (65,536 tokens per GPU, micro-batches of 4,096 tokens)
 #   tp2-1.5b     Megatron TP=2 and DP=2 on both GPUs (1.5B)
-#   seq-0.5b, seq-1.5b   on ONE GPU, one after another: Megatron TP=1 with megatron.compile, the same without,
-#                then FSDP's tuned setting (the -h100 rows on the one-GPU kind)
-# SITE=/tmp/vsite runs on the vLLM bundle instead (it carries megatron-core 0.19.2 too; step_h100.sh setup
-# installs plugins/megatron beside it).
+#   seq-0.5b, seq-1.5b   on ONE GPU, one after another: Megatron TP=1 with megatron.compile, the same without
+#                (EAGER=0 skips it), then FSDP's tuned setting (the -h100 rows on the one-GPU kind); the
+#                compiled Megatron run and FSDP each profile one more step (top operators, idle gaps)
+#   seq2-0.5b, seq2-1.5b   seq-* on each of two GPUs at once, independently (GPU 0: seq-*, GPU 1: rerun-*):
+#                the row and its independent re-run from one call
+#   tp2, tp2-1.5b and 7b compile Megatron too (COMPILE=0: not)
 set -uo pipefail
 OUT=${OUT:-/tmp/out}; mkdir -p "$OUT"
-export PYTHONPATH=/tmp/proj:${SITE:-/tmp/site} TOKENIZERS_PARALLELISM=false
+export PYTHONPATH=/tmp/proj:${SITE:-/tmp/msite} TOKENIZERS_PARALLELISM=false
 MODELS=/tmp/rlcore-bench-models
 MEGATRON="--remove-padding --logits-chunk-size 4096 --max-tokens-per-micro-batch 16384"
 FSDP="--systems fsdp-mp-varlen-compile --no-reshard-after-forward --reduce-grads-once-per-step \
@@ -45,8 +53,31 @@ save_model() { python3 -c "
 import sys, torch; sys.path.insert(0, 'benchmarks')
 from pathlib import Path; from _workload import save_random_model
 print(save_random_model('$1', Path('$MODELS'), torch.device('cuda')))" >> "$OUT/models.log" 2>&1; }
+# rows NAME MODEL: Megatron compiled (profiled), eager (unless EAGER=0), FSDP (profiled) on the visible GPU.
+rows() { local stage=$1 model=$2 common; common=$(workload "$model")
+  run "$stage-megatron-compile" 400 python3 benchmarks/megatron_gpu.py --gpus 1 --layouts tp1 --model "$model" \
+    --model-dir $MODELS $MEGATRON $common --compile --profile "$OUT/profile-$stage-megatron" \
+    --out "$OUT/$stage-megatron-compile.json"
+  [ "${EAGER:-1}" = 0 ] || run "$stage-megatron-eager" 400 python3 benchmarks/megatron_gpu.py --gpus 1 --layouts tp1 \
+    --model "$model" --model-dir $MODELS $MEGATRON $common --out "$OUT/$stage-megatron-eager.json"
+  [ "${SKIP_FSDP:-0}" = 1 ] || run "$stage-fsdp" 400 python3 benchmarks/fsdp_train.py --gpus 1 --models "$model" $FSDP $common \
+    --model-dir $MODELS --profile "$OUT/profile-$stage-fsdp" --out "$OUT/$stage-fsdp.json"
+  grep -h "^tp1" "$OUT/$stage-megatron-"*.log; tail -n 3 "$OUT/$stage-fsdp.log"; }
+TP2_COMPILE=$([ "${COMPILE:-1}" = 0 ] || echo --compile)
 mkdir -p $MODELS
 for stage in "$@"; do case $stage in
+  unpack) if [ ! -d /tmp/msite/megatron ]; then mkdir -p /tmp/msite && cat .gpu-mcore/c1/part.* \
+            | LD_LIBRARY_PATH=.gpu-mcore/tools .gpu-mcore/tools/zstd -d -q | tar -C /tmp/msite -xf -; fi
+          ls /tmp/msite ;;
+  setup) rm -rf /tmp/proj; python3 -m pip install -q --no-deps --no-index --no-build-isolation --target /tmp/proj ./core \
+           ./plugins/fsdp ./plugins/megatron > "$OUT/setup.log" 2>&1; echo "setup exit $?"
+         nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv | tee -a "$OUT/setup.log" ;;
+  chain) rm -f "$OUT/chain.done"  # CHAIN="stage ..." one after another, detached: they outlive this call
+         setsid nohup bash -c "OUT=$OUT bash $0 ${CHAIN:?CHAIN=stages}; touch $OUT/chain.done" > "$OUT/chain.log" 2>&1 &
+         echo "chain started ($CHAIN): $!" | tee -a "$OUT/commands.txt" ;;
+  wait-chain) for _ in $(seq "${WAIT:-500}"); do [ -f "$OUT/chain.done" ] && break; sleep 1; done
+         [ -f "$OUT/chain.done" ] && echo "chain done" || echo "chain still running"; tail -n 30 "$OUT/chain.log" ;;
+  collect) mkdir -p "${CALL_OUT:-/tmp/out-call}"; tar -C "$OUT" -czf "${CALL_OUT:-/tmp/out-call}/results.tgz" . ;;
   pair-0.5b) pair pair-0.5b qwen2.5-0.5b 65536 5 3 0 1 ;;
   swap-0.5b) pair swap-0.5b qwen2.5-0.5b 65536 5 3 1 0 ;;
   pair-1.5b) pair pair-1.5b qwen2.5-1.5b 262144 3 2 0 1 ;;
@@ -58,19 +89,15 @@ for stage in "$@"; do case $stage in
          CUDA_VISIBLE_DEVICES=1 run $stage-off 500 python3 benchmarks/megatron_gpu.py --gpus 1 --layouts tp1 --model $model \
            --model-dir $MODELS $MEGATRON $common --out "$OUT/$stage-off.json" &
          wait; grep -h "^tp1" "$OUT/$stage-on.log" "$OUT/$stage-off.log" ;;
-  seq-0.5b|seq-1.5b) model=qwen2.5-${stage#seq-}; save_model $model
-         common=$(workload $model)
-         run $stage-megatron-compile 400 python3 benchmarks/megatron_gpu.py --gpus 1 --layouts tp1 --model $model \
-           --model-dir $MODELS $MEGATRON $common --compile --out "$OUT/$stage-megatron-compile.json"
-         run $stage-megatron-eager 400 python3 benchmarks/megatron_gpu.py --gpus 1 --layouts tp1 --model $model \
-           --model-dir $MODELS $MEGATRON $common --out "$OUT/$stage-megatron-eager.json"
-         run $stage-fsdp 400 python3 benchmarks/fsdp_train.py --gpus 1 --models $model $FSDP $common \
-           --model-dir $MODELS --out "$OUT/$stage-fsdp.json"
-         grep -h "^tp1" "$OUT/$stage-megatron-compile.log" "$OUT/$stage-megatron-eager.log"; tail -n 3 "$OUT/$stage-fsdp.log" ;;
+  seq-0.5b|seq-1.5b) model=qwen2.5-${stage#seq-}; save_model $model; rows $stage $model ;;
+  seq2-0.5b|seq2-1.5b) model=qwen2.5-${stage#seq2-}; save_model $model
+         (export CUDA_VISIBLE_DEVICES=0; rows seq-${stage#seq2-} $model) &
+         (export CUDA_VISIBLE_DEVICES=1; rows rerun-${stage#seq2-} $model) &
+         wait ;;
   7b) save_model qwen2.5-7b
          common="--tokens-per-step 65536 --max-tokens-per-micro-batch 4096 --steps 3 --warmup 2"
          run 7b-megatron 560 python3 benchmarks/megatron_gpu.py --gpus 2 --layouts tp2 --model qwen2.5-7b \
-           --model-dir $MODELS --remove-padding --logits-chunk-size 4096 $common --out "$OUT/7b-megatron.json"
+           --model-dir $MODELS --remove-padding --logits-chunk-size 4096 $TP2_COMPILE $common --out "$OUT/7b-megatron.json"
          grep -h "^tp2" "$OUT/7b-megatron.log"
          run 7b-fsdp 560 python3 benchmarks/fsdp_train.py --gpus 2 --models qwen2.5-7b --systems fsdp-mp-varlen-compile \
            --no-reshard-after-forward --reduce-grads-once-per-step --logits-chunk-size 4096 --no-recompute-logits \
@@ -80,10 +107,10 @@ for stage in "$@"; do case $stage in
          --gpus 1 --layouts tp1 --model qwen2.5-0.5b --model-dir $MODELS $MEGATRON --tokens-per-step 65536 \
          --steps 2 --warmup 2 --profile "$OUT/profile" --out "$OUT/profile-0.5b.json"; grep -h "^tp1" "$OUT/profile.log" ;;
   tp2) save_model qwen2.5-0.5b; run tp2 400 python3 benchmarks/megatron_gpu.py --gpus 2 --layouts tp2 dp2 pp2 --model qwen2.5-0.5b \
-         --model-dir $MODELS $MEGATRON --overlap-grad-reduce --tokens-per-step 65536 --steps 5 --warmup 3 \
+         --model-dir $MODELS $MEGATRON $TP2_COMPILE --overlap-grad-reduce --tokens-per-step 65536 --steps 5 --warmup 3 \
          --out "$OUT/tp2-0.5b.json"; grep -h "^tp2\|^dp2\|^pp2" "$OUT/tp2.log" ;;
   tp2-1.5b) save_model qwen2.5-1.5b; run tp2-1.5b 400 python3 benchmarks/megatron_gpu.py --gpus 2 --layouts tp2 dp2 --model qwen2.5-1.5b \
-         --model-dir $MODELS $MEGATRON --overlap-grad-reduce --tokens-per-step 262144 --steps 3 --warmup 2 \
+         --model-dir $MODELS $MEGATRON $TP2_COMPILE --overlap-grad-reduce --tokens-per-step 262144 --steps 3 --warmup 2 \
          --out "$OUT/tp2-1.5b.json"; grep -h "^tp2\|^dp2" "$OUT/tp2-1.5b.log" ;;
   pack-out) # Last: everything under $OUT in one archive (the device tool returns at most 8 files a call).
          tar -C "$OUT" -czf /tmp/results.tgz . && rm -rf "${OUT:?}"/* && mv /tmp/results.tgz "$OUT/results.tgz" ;;

@@ -41,6 +41,13 @@ def _torch_adam_steps(optimizer) -> list[float | None]:
     return steps
 
 
+def _step(group: dict, param: torch.Tensor, value: float) -> torch.Tensor:
+    """A step count where torch's Adam keeps it for ``group``: on the parameter's device for the fused
+    (``rlcore_megatron.optimizer.fuse_adam``) and capturable forms, on the host otherwise."""
+    on_device = group.get("fused") or group.get("capturable")
+    return torch.tensor(value, dtype=torch.float32, device=param.device if on_device else "cpu")
+
+
 def _materialise_torch_adam_state(optimizer) -> None:
     """Give a never-stepped torch Adam the per-parameter state its first step would create:
     megatron-core's distributed optimizer reads it while building the state dict to load into."""
@@ -49,7 +56,7 @@ def _materialise_torch_adam_state(optimizer) -> None:
             for p in group["params"]:
                 if not adam.state[p]:
                     adam.state[p].update(
-                        step=torch.tensor(0.0), exp_avg=torch.zeros_like(p), exp_avg_sq=torch.zeros_like(p)
+                        step=_step(group, p, 0.0), exp_avg=torch.zeros_like(p), exp_avg_sq=torch.zeros_like(p)
                     )
 
 
@@ -64,8 +71,10 @@ def _restore_torch_adam_steps(optimizer, steps: list[float | None]) -> None:
     for adam, step in zip(_torch_adams(optimizer), steps, strict=True):
         if adam is None or step is None:
             continue
-        for state in adam.state.values():
-            state["step"] = torch.tensor(step)
+        for group in adam.param_groups:
+            for p in group["params"]:
+                if p in adam.state:
+                    adam.state[p]["step"] = _step(group, p, step)
 
 
 def _sharded_state(model, optimizer, *, loading: bool) -> dict:

@@ -58,6 +58,10 @@ class MegatronConfig:
     make_vocab_size_divisible_by: int = attrs.field(default=128, validator=_positive)
     #: Adam epsilon.
     adam_eps: float = 1e-8
+    #: Without Transformer Engine or Apex (whose fused Adam megatron-core prefers), run megatron-core's
+    #: fallback ``torch.optim.AdamW`` as PyTorch's fused kernel (one pass over the fp32 state instead of its
+    #: multi-tensor form's dozen), where PyTorch has it for the parameters' device, as ``fsdp.fused_optimizer``.
+    fused_optimizer: bool = True
     #: Drop padding and pack each micro-batch's sequences into one row (Megatron's ``thd`` layout, rotary
     #: positions restarting at 0 per sequence); attention stays within each sequence through PyTorch's flash
     #: var-len kernel where the device has it, one SDPA call per sequence elsewhere. Needs

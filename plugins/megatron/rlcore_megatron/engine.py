@@ -37,6 +37,7 @@ from transformers import AutoConfig
 from rlcore_megatron import checkpoint
 from rlcore_megatron.architecture import model_shape
 from rlcore_megatron.attention import PackedRotary, PackedSequences
+from rlcore_megatron.compiled import compile_layers
 from rlcore_megatron.config import MegatronConfig
 from rlcore_megatron.convert import param_maps
 from rlcore_megatron.export import hf_named_tensors
@@ -50,6 +51,7 @@ from rlcore_megatron.model import (
     transformer_config,
 )
 from rlcore_megatron.offload import Parking
+from rlcore_megatron.optimizer import fuse_adam, install_device_norm
 from rlcore_megatron.parallel import (
     broadcast_from_last_stage,
     gather_over_dp,
@@ -191,8 +193,7 @@ class MegatronEngine(TrainEngine):
         )
         self.module = module.to(self.device)
         if cfg.compile:
-            for layer in module.decoder.layers:
-                layer.compile(dynamic=True)
+            compile_layers(module)
         self.optimizer = self.scheduler = None
         if spec.trainable:
             self._setup_training()
@@ -241,6 +242,11 @@ class MegatronEngine(TrainEngine):
             [self.model],
             use_gloo_process_groups=False,
         )
+        # Without Transformer Engine or Apex, megatron-core's fallbacks sync per parameter for the gradient
+        # norm and run Adam unfused (rlcore_megatron.optimizer says what each costs).
+        install_device_norm()
+        if cfg.fused_optimizer:
+            fuse_adam(self.optimizer)
         if spec.lr_schedule not in ("constant", "cosine"):
             raise ValueError(f"lr_schedule must be constant or cosine, got {spec.lr_schedule!r}")
         if spec.lr_schedule == "cosine" and spec.total_steps <= spec.warmup_steps:
@@ -416,6 +422,7 @@ class MegatronEngine(TrainEngine):
             self.scheduler.step(increment=1)
         self.steps += 1
         metrics = self._reduce_metrics(infos)
+        # The norm is a device tensor with the local kernels (rlcore_megatron.optimizer), a float otherwise.
         metrics.update(grad_norm=float(grad_norm) if grad_norm is not None else 0.0, lr=lr)
         return metrics
 

@@ -332,9 +332,43 @@ def compiled(rank, world, port, qwen, batch, work_dir):
     r = {"compiled_layers": sum(getattr(layer, "_compiled_call_impl", None) is not None for layer in layers)}
     r["layers"] = len(layers)
     r["infer"] = _infer(eng, batch, ("log_probs", "entropy"))
+    r["graph_breaks"], r["traced_infer"] = _graph_breaks_with_a_traceable_kernel(eng, batch)
     r["metrics"] = eng.train_step(batch, nll_loss)
     r["export1"] = _export(eng)
     _save(r, Path(work_dir), "compiled", rank)
+
+
+def _graph_breaks_with_a_traceable_kernel(engine, batch):
+    """Where dynamo breaks the compiled layers' graphs when the var-len kernel is traceable, as PyTorch's
+    flash kernel is on a GPU (the CPU has none: there the per-sequence fallback is a deliberate break).
+    The kernel is stood in for by exact causal attention under a block-diagonal mask. Returns the graph
+    break reasons counted over one ``infer`` from a fresh dynamo cache, and that ``infer``'s outputs."""
+    import torch
+    import torch.nn.functional as F
+    from rlcore import varlen_attention as va
+    from torch._dynamo.utils import counters
+
+    def dense(q, k, v, cu, max_len, scale):
+        pos = torch.arange(q.shape[0], device=q.device, dtype=cu.dtype)
+        seq = torch.searchsorted(cu, pos, right=True)
+        mask = (seq[:, None] == seq[None, :]) & (pos[None, :] <= pos[:, None])
+        groups = q.shape[1] // k.shape[1]
+        k, v = (t.repeat_interleave(groups, dim=1) for t in (k, v))
+        out = F.scaled_dot_product_attention(
+            *(t.transpose(0, 1) for t in (q, k, v)), attn_mask=mask, scale=scale
+        )
+        return out.transpose(0, 1)
+
+    saved = va._kernel_runs, va._kernel_call
+    va._kernel_runs, va._kernel_call = (lambda device_type, dtype: True), dense
+    try:
+        torch._dynamo.reset()
+        counters.clear()
+        out = _infer(engine, batch, ("log_probs", "entropy"))
+        return dict(counters["graph_break"]), out
+    finally:
+        va._kernel_runs, va._kernel_call = saved
+        torch._dynamo.reset()
 
 
 class _Planted:

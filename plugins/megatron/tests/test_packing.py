@@ -213,7 +213,7 @@ def compiled(request, tiny_qwen, tmp_path_factory):
 
 
 def test_compiled_layers_equal_hf_and_train_as_hf(compiled, qwen, hf_step):
-    """Every decoder layer compiled (the packed attention inside stays eager), the head chunked (at TP=1
+    """Every decoder layer compiled (the packed attention traced into it), the head chunked (at TP=1
     rlcore's fused head with its compiled kernels): log-probs and entropy against the HF model, and the
     training step against one HF AdamW step, at TP=1 and TP=2."""
     loss, grad_norm, after = hf_step
@@ -223,6 +223,15 @@ def test_compiled_layers_equal_hf_and_train_as_hf(compiled, qwen, hf_step):
         assert rank["metrics"]["grad_norm"] == pytest.approx(grad_norm, rel=1e-4)
     assert_equal_hf(compiled[0]["infer"], qwen)
     assert_same_weights(compiled[0]["export1"], after, atol=1e-6)
+
+
+def test_compiled_layers_trace_the_packed_attention(compiled, qwen):
+    """With a var-len kernel dynamo can trace (PyTorch's flash kernel on a GPU; stood in for here), the
+    packed attention and its rotary embedding are part of each compiled layer's graph: no graph breaks,
+    and the outputs still match HF."""
+    for rank in compiled:
+        assert rank["graph_breaks"] == {}
+    assert_equal_hf(compiled[0]["traced_infer"], qwen)
 
 
 # -- the chunked head (megatron.logits_chunk_size) -------------------------------------------------

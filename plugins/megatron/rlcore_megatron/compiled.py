@@ -1,0 +1,46 @@
+"""``megatron.compile``: each decoder layer through ``torch.compile``, traced whole.
+
+A compiled layer is worth most when dynamo traces all of it into one graph: every graph break leaves the
+code around it eager and adds a graph boundary. Two things in a Megatron layer broke it:
+
+* rlcore's packed attention used to be excluded (it is traced now: ``rlcore_megatron.attention``);
+* megatron-core's row-parallel linears (the attention's output projection and the MLP's second one) pass
+  ``tp_group=None`` to ``get_tensor_model_parallel_group_if_none``, which calls ``warnings.warn`` on rank 0
+  at every call (0.16-0.19) before returning the default group. A warning is a graph break to dynamo, and
+  inside the layer's activation-offloading context manager it cannot resume there, so rank 0's layers
+  ran largely eager. :func:`_resolve_default_tp_group_quietly` resolves the default group before that
+  check, so it has nothing to warn about; the group it returns is the one it would have returned.
+"""
+
+from __future__ import annotations
+
+import torch
+from megatron.core import parallel_state
+
+
+def compile_layers(module: torch.nn.Module) -> None:
+    """``torch.compile`` (dynamic shapes) every decoder layer of megatron-core's ``module``, in place."""
+    _resolve_default_tp_group_quietly()
+    for layer in module.decoder.layers:
+        layer.compile(dynamic=True)
+
+
+def _resolve_default_tp_group_quietly() -> None:
+    from megatron.core.tensor_parallel import layers
+
+    warning = layers.get_tensor_model_parallel_group_if_none
+    if getattr(warning, "rlcore_quiet", False):
+        return
+
+    def quiet(tp_group=None, is_expert=False, check_initialized=True):
+        if tp_group is None and torch.distributed.is_initialized() and parallel_state.is_initialized():
+            default = (
+                parallel_state.get_expert_tensor_parallel_group
+                if is_expert
+                else parallel_state.get_tensor_model_parallel_group
+            )
+            tp_group = default(check_initialized=check_initialized)
+        return warning(tp_group, is_expert=is_expert, check_initialized=check_initialized)
+
+    quiet.rlcore_quiet = True
+    layers.get_tensor_model_parallel_group_if_none = quiet
