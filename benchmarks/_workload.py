@@ -23,6 +23,7 @@ FLOPs are *model* FLOPs of the real (unpadded) tokens, the usual MFU convention,
 
 from __future__ import annotations
 
+import os
 import socket
 from pathlib import Path
 
@@ -155,6 +156,16 @@ def peak_memory_gib(platform) -> float:
     if torch.accelerator.is_available():
         return torch.accelerator.max_memory_allocated() / 2**30
     return platform.memory_stats()["allocated_gib"]
+
+
+def host_threads(world: int) -> int:
+    """Intra-op threads for each of ``world`` ranks: their share of ``BENCH_HOST_CPUS`` (the cores this run
+    may use; default all of the host's). Two runs side by side on one host (``megatron_h100.sh``'s pairs)
+    set it to half each: with every process taking all cores, the host's OpenMP threads were oversubscribed
+    two to one and the FSDP engine's per-micro-batch host indexing took 8 ms a call instead of well under
+    one (2 x H200 profile, ``docs/benchmarks.md``)."""
+    cpus = int(os.environ.get("BENCH_HOST_CPUS") or os.cpu_count() or 1)
+    return max(1, cpus // world)
 
 
 def free_port() -> int:

@@ -56,6 +56,7 @@ from _profile import profile_call
 from _workload import (
     SHAPES,
     free_port,
+    host_threads,
     nll_loss,
     peak_memory_gib,
     qwen2_config,
@@ -207,7 +208,7 @@ def worker(rank: int, world: int, port: int, args, model_name: str, path: str, o
     # Each rank's share of the host's cores, as Ray gives its actors: with every process using every
     # core, small host-side ops (building the next micro-batch) stall on contended thread pools while
     # the device waits for them (measured: 2-GPU steps 1.6x longer than 1-GPU steps of the same work).
-    torch.set_num_threads(max(1, (os.cpu_count() or 1) // world))
+    torch.set_num_threads(host_threads(world))
     info = DistInfo(rank=rank, world_size=world, local_rank=rank, master_port=port)
     platform.set_device(rank)
     init_process_group(platform, info)  # the engines join it; the naive loop's DDP uses it

@@ -80,7 +80,7 @@ def worker(rank: int, world: int, port: int, args, path: str, out: str) -> None:
         mcore_cpu_redirect.install()
         torch.set_num_threads(1)
     else:  # each rank its share of the host's cores, as fsdp_train.py (and Ray) give them
-        torch.set_num_threads(max(1, (os.cpu_count() or 1) // world))
+        torch.set_num_threads(_workload.host_threads(world))
     import torch.distributed as dist
     from megatron.core import parallel_state as mpu
     from rlcore_megatron.config import MegatronConfig

@@ -4,7 +4,9 @@ Reads the JSON of ``benchmarks/megatron_gpu.py`` and ``benchmarks/fsdp_train.py`
 ``benchmarks/results/megatron/`` (file names in :data:`ROWS`) and writes ``tokens_per_s.png`` there: per
 model shape, training tokens/s per GPU of the Megatron engine before and after the packed-rotary fix and of
 the FSDP engine beside it, with MFU on each bar. The same for the one-H100 call (:data:`H100_ROWS`,
-``h100/``: Megatron compiled and eager, then FSDP, on one GPU) into ``h100/tokens_per_s.png``.
+``h100/``: Megatron compiled and eager, then FSDP, on one GPU) into ``h100/tokens_per_s.png``, and for the
+2 x H200 session after the whole-layer compile (:data:`H200X2_ROWS`, ``h200x2/``: each engine run on both
+GPUs at once, independently) into ``h200x2/tokens_per_s.png``.
 
     python benchmarks/megatron_report.py [--dir benchmarks/results/megatron]
 """
@@ -35,6 +37,17 @@ H100_ROWS = {
     ("1.5B", "FSDP"): "h100/seq-1.5b-fsdp.json",
 }
 
+#: The 2 x H200 session (``megatron_h100.sh seq2-*``): each row and its independent re-run, one per GPU.
+H200X2_ROWS = {
+    (shape, f"{engine}, {run}"): f"h200x2/{folder}{prefix}-{shape.lower()}-{suffix}.json"
+    for shape in ("0.5B", "1.5B")
+    for engine, folder, suffix in (
+        ("Megatron TP=1 compiled", "", "megatron-compile"),
+        ("FSDP", "fsdp/", "fsdp"),
+    )
+    for run, prefix in (("GPU 0", "seq"), ("GPU 1", "rerun"))
+}
+
 
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
@@ -46,6 +59,12 @@ def main() -> None:
         H100_ROWS,
         "Megatron vs FSDP engine, one after another on one H100",
         folder / "h100" / "tokens_per_s.png",
+    )
+    chart(
+        folder,
+        H200X2_ROWS,
+        "Megatron (whole-layer compile) vs FSDP, each on both GPUs of a 2 x H200 host",
+        folder / "h200x2" / "tokens_per_s.png",
     )
 
 

@@ -29,6 +29,8 @@ set -uo pipefail
 OUT=${OUT:-/tmp/out}; mkdir -p "$OUT"
 export PYTHONPATH=/tmp/proj:${SITE:-/tmp/msite} TOKENIZERS_PARALLELISM=false
 MODELS=/tmp/rlcore-bench-models
+# Two runs side by side (pairs, compile-*, seq2-*) each take half the host's cores (_workload.host_threads).
+HALF=$(( $(nproc) / 2 ))
 MEGATRON="--remove-padding --logits-chunk-size 4096 --max-tokens-per-micro-batch 16384"
 FSDP="--systems fsdp-mp-varlen-compile --no-reshard-after-forward --reduce-grads-once-per-step \
   --max-tokens-per-micro-batch 16384 --logits-chunk-size 4096 --no-recompute-logits"
@@ -39,9 +41,9 @@ run() { local name=$1 limit=$2; shift 2
 pair() { local name=$1 model=$2 tokens=$3 steps=$4 warmup=$5 ga=$6 gb=$7
   local common="--tokens-per-step $tokens --steps $steps --warmup $warmup"
   save_model "$model"
-  CUDA_VISIBLE_DEVICES=$ga run "$name-megatron" 500 python3 benchmarks/megatron_gpu.py --gpus 1 --layouts tp1 \
+  CUDA_VISIBLE_DEVICES=$ga BENCH_HOST_CPUS=$HALF run "$name-megatron" 500 python3 benchmarks/megatron_gpu.py --gpus 1 --layouts tp1 \
     --model "$model" --model-dir $MODELS $MEGATRON $common --profile "$OUT/profile-$name" --out "$OUT/$name-megatron.json" &
-  CUDA_VISIBLE_DEVICES=$gb run "$name-fsdp" 500 python3 benchmarks/fsdp_train.py --gpus 1 --models "$model" \
+  CUDA_VISIBLE_DEVICES=$gb BENCH_HOST_CPUS=$HALF run "$name-fsdp" 500 python3 benchmarks/fsdp_train.py --gpus 1 --models "$model" \
     $FSDP $common --model-dir $MODELS --out "$OUT/$name-fsdp.json" &
   wait; grep -h "^tp1" "$OUT/$name-megatron.log"; tail -n 3 "$OUT/$name-fsdp.log"; }
 # The per-GPU workload of the compile and seq stages (the pairs' numbers): 0.5B 65,536 tokens a step, 5
@@ -84,15 +86,15 @@ for stage in "$@"; do case $stage in
   swap-1.5b) pair swap-1.5b qwen2.5-1.5b 262144 3 2 1 0 ;;
   compile-0.5b|compile-1.5b) model=qwen2.5-${stage#compile-}; save_model $model
          common=$(workload $model)
-         CUDA_VISIBLE_DEVICES=0 run $stage-on 500 python3 benchmarks/megatron_gpu.py --gpus 1 --layouts tp1 --model $model \
+         CUDA_VISIBLE_DEVICES=0 BENCH_HOST_CPUS=$HALF run $stage-on 500 python3 benchmarks/megatron_gpu.py --gpus 1 --layouts tp1 --model $model \
            --model-dir $MODELS $MEGATRON $common --compile --out "$OUT/$stage-on.json" &
-         CUDA_VISIBLE_DEVICES=1 run $stage-off 500 python3 benchmarks/megatron_gpu.py --gpus 1 --layouts tp1 --model $model \
+         CUDA_VISIBLE_DEVICES=1 BENCH_HOST_CPUS=$HALF run $stage-off 500 python3 benchmarks/megatron_gpu.py --gpus 1 --layouts tp1 --model $model \
            --model-dir $MODELS $MEGATRON $common --out "$OUT/$stage-off.json" &
          wait; grep -h "^tp1" "$OUT/$stage-on.log" "$OUT/$stage-off.log" ;;
   seq-0.5b|seq-1.5b) model=qwen2.5-${stage#seq-}; save_model $model; rows $stage $model ;;
   seq2-0.5b|seq2-1.5b) model=qwen2.5-${stage#seq2-}; save_model $model
-         (export CUDA_VISIBLE_DEVICES=0; rows seq-${stage#seq2-} $model) &
-         (export CUDA_VISIBLE_DEVICES=1; rows rerun-${stage#seq2-} $model) &
+         (export CUDA_VISIBLE_DEVICES=0 BENCH_HOST_CPUS=$HALF; rows seq-${stage#seq2-} $model) &
+         (export CUDA_VISIBLE_DEVICES=1 BENCH_HOST_CPUS=$HALF; rows rerun-${stage#seq2-} $model) &
          wait ;;
   7b) save_model qwen2.5-7b
          common="--tokens-per-step 65536 --max-tokens-per-micro-batch 4096 --steps 3 --warmup 2"
