@@ -13,10 +13,10 @@ the pack in Python, for queries and keys of every layer (and reads each sequence
 in 0.19): measured on an H200, about 100 host operations per sequence and layer left the device idle 83%
 of a 0.5B model's training step. A packed model is therefore built without megatron-core's rotary
 embedding (``position_embedding_type="none"``, :func:`rlcore_megatron.model.build_stage_model`); the engine
-computes each token's rotary angles once per micro-batch (:class:`PackedRotary`, megatron-core's own
-``RotaryEmbedding`` table indexed by the token's position within its sequence) and they reach every layer
-in :class:`PackedSequences`, where the whole pack is rotated at once, inside the compiled layer with
-``megatron.compile``. Unpacked input (``packed_seq_params`` None) goes to megatron-core's own
+computes each token's rotary cosines and sines once per micro-batch (:class:`PackedRotary`, from
+megatron-core's own ``RotaryEmbedding`` table indexed by the token's position within its sequence) and
+they reach every layer in :class:`PackedSequences`, where the whole pack is rotated at once, inside the
+compiled layer with ``megatron.compile``. Unpacked input (``packed_seq_params`` None) goes to megatron-core's own
 implementation unchanged.
 """
 
@@ -35,16 +35,21 @@ from rlcore.varlen_attention import varlen_attention
 @dataclasses.dataclass
 class PackedSequences(PackedSeqParams):
     """megatron-core's ``thd`` parameters and what :class:`PackedDotProductAttention` needs beside them:
-    ``rotary_freqs [N, 1, 1, head_dim]`` (fp32 angles of each packed token) and ``cu_seqlens_host``
-    (``cu_seqlens_q`` on the host: the per-sequence attention fallback reads it without a device sync)."""
+    ``rotary_cos``, ``rotary_sin [N, 1, head_dim]`` (each packed token's rotary cosines and sines, in the
+    activations' dtype) and ``cu_seqlens_host`` (``cu_seqlens_q`` on the host: the per-sequence attention
+    fallback reads it without a device sync)."""
 
-    rotary_freqs: torch.Tensor | None = None
+    rotary_cos: torch.Tensor | None = None
+    rotary_sin: torch.Tensor | None = None
     cu_seqlens_host: torch.Tensor | None = None
 
 
 class PackedRotary:
-    """Rotary angles of packed tokens: ``(position_ids [N], max_len) -> [N, 1, 1, head_dim]``, from the
-    table of megatron-core's ``RotaryEmbedding`` built as ``GPTModel`` builds it (base, llama-3 scaling)."""
+    """Rotary cosines and sines of packed tokens: ``(position_ids [N], max_len, dtype) -> (cos, sin)``, each
+    ``[N, 1, head_dim]`` in ``dtype``, from the angle table of megatron-core's ``RotaryEmbedding`` built as
+    ``GPTModel`` builds it (base, llama-3 scaling). Once per micro-batch for all layers, as HF computes
+    them once per forward: computed in every layer instead, from fp32 angles, they were 44 ms of a 0.5B
+    step's kernels on an H200 against FSDP's 27 ms for the whole rotation."""
 
     def __init__(self, config: TransformerConfig, rotary_base: float, rope_scaling_factor: float | None):
         if config.rotary_interleaved or config.multi_latent_attention:
@@ -59,19 +64,20 @@ class PackedRotary:
             use_cpu_initialization=config.use_cpu_initialization,
         )
 
-    def __call__(self, position_ids: torch.Tensor, max_len: int) -> torch.Tensor:
-        table = self.embedding(max_len)  # [max_len, 1, 1, head_dim] on the current device
-        return table[position_ids.to(table.device)]
+    def __call__(
+        self, position_ids: torch.Tensor, max_len: int, dtype: torch.dtype
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        table = self.embedding(max_len)  # fp32 angles [max_len, 1, 1, head_dim] on the current device
+        angles = table[position_ids.to(table.device)].squeeze(1)  # [N, 1, head_dim]: broadcast over heads
+        # Rounded to the activations' dtype after the fp32 cos/sin, as megatron-core and HF both do.
+        return angles.cos().to(dtype), angles.sin().to(dtype)
 
 
-def _rotate(t: torch.Tensor, freqs: torch.Tensor) -> torch.Tensor:
-    """Rotary embedding of ``t [N, heads, d]`` by per-token angles ``freqs [N, 1, 1, d]`` (fp32): the
-    rotate-half form of megatron-core's unfused ``bshd`` rotary and of HF's ``apply_rotary_pos_emb``, with
-    cosine and sine rounded to ``t``'s dtype first as both do. Written here because megatron-core's
-    dispatcher asks ``parallel_state`` for the context-parallel group, which dynamo cannot trace, and the
-    private function behind it changed its signature between 0.16 and 0.19."""
-    freqs = freqs.squeeze(1)  # [N, 1, d]: broadcast over heads
-    cos, sin = freqs.cos().to(t.dtype), freqs.sin().to(t.dtype)
+def _rotate(t: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+    """Rotary embedding of ``t [N, heads, d]`` by per-token ``cos``, ``sin [N, 1, d]``: the rotate-half form
+    of megatron-core's unfused ``bshd`` rotary and of HF's ``apply_rotary_pos_emb``. Written here because
+    megatron-core's dispatcher asks ``parallel_state`` for the context-parallel group, which dynamo cannot
+    trace, and the private function behind it changed its signature between 0.16 and 0.19."""
     first, second = t.chunk(2, dim=-1)
     return t * cos + torch.cat((-second, first), dim=-1) * sin
 
@@ -98,8 +104,8 @@ class PackedDotProductAttention(DotProductAttention):
         cost Megatron about a fifth of its step at 0.5B against FSDP)."""
         if packed_seq_params is None:
             return self._unpacked(query, key, value, attention_mask, attn_mask_type, attention_bias)
-        if not isinstance(packed_seq_params, PackedSequences) or packed_seq_params.rotary_freqs is None:
-            raise ValueError("packed attention takes PackedSequences with the rotary angles of the pack")
+        if not isinstance(packed_seq_params, PackedSequences) or packed_seq_params.rotary_cos is None:
+            raise ValueError("packed attention takes PackedSequences with the rotary cos/sin of the pack")
         if packed_seq_params.qkv_format != "thd":
             raise ValueError(f"packed attention takes the thd format, got {packed_seq_params.qkv_format!r}")
         if attention_bias is not None or attention_mask is not None:
@@ -108,7 +114,8 @@ class PackedDotProductAttention(DotProductAttention):
             raise ValueError("packed attention has no attention dropout (attention_dropout must be 0)")
         if self.softmax_offset is not None or self.scale_mask_softmax.window_size is not None:
             raise ValueError("packed attention implements neither softmax offsets nor sliding windows")
-        query, key = (_rotate(t, packed_seq_params.rotary_freqs) for t in (query, key))
+        cos, sin = packed_seq_params.rotary_cos, packed_seq_params.rotary_sin
+        query, key = (_rotate(t, cos, sin) for t in (query, key))
         value = value.contiguous()  # a view of the fused QKV projection
         out = varlen_attention(
             query,

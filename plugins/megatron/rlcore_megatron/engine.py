@@ -82,12 +82,12 @@ def _finalize_grads(model_chunks, num_tokens=None, *args, **kwargs):
 @attrs.frozen
 class _Micro:
     """A micro-batch on the device, its left-aligned tokens and (``megatron.use_remove_padding``) the
-    same tokens packed into one row with each token's rotary angles ``rotary_freqs [T, 1, 1, head_dim]``."""
+    same tokens packed into one row with each token's rotary ``(cos, sin)``, each ``[T, 1, head_dim]``."""
 
     batch: Batch
     aligned: Aligned
     packed: Packed | None = None
-    rotary_freqs: torch.Tensor | None = None
+    rotary: tuple[torch.Tensor, torch.Tensor] | None = None
 
     def model_inputs(self) -> tuple[torch.Tensor, torch.Tensor, PackedSeqParams | None]:
         """``(input_ids, position_ids, packed_seq_params)`` for ``GPTModel``."""
@@ -100,7 +100,8 @@ class _Micro:
             cu_seqlens_kv=p.cu_seqlens,
             max_seqlen_q=p.max_seqlen,
             max_seqlen_kv=p.max_seqlen,
-            rotary_freqs=self.rotary_freqs,
+            rotary_cos=self.rotary[0],
+            rotary_sin=self.rotary[1],
             cu_seqlens_host=p.cu_seqlens_host,
         )
         return p.tokens, p.position_ids, params
@@ -290,7 +291,8 @@ class MegatronEngine(TrainEngine):
                 continue
             packed = pack(aligned)
             # Once per micro-batch, for every layer of this stage (rlcore_megatron.attention says why).
-            out.append(_Micro(mb, aligned, packed, self.rotary(packed.position_ids[0], packed.max_seqlen)))
+            rotary = self.rotary(packed.position_ids[0], packed.max_seqlen, self.dtype)
+            out.append(_Micro(mb, aligned, packed, rotary))
         return out
 
     def _head_outputs(
