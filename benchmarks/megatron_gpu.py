@@ -18,7 +18,8 @@ and saved here: no download), then
    ``tokens/s`` counts real tokens; MFU uses the FLOP formula of ``_workload.py``.
 
 The engine's switches: ``--remove-padding`` (packed var-len attention), ``--logits-chunk-size N`` (the
-chunked head), ``--compile``, ``--overlap-grad-reduce``, ``--gradient-checkpointing``. ``--profile DIR``
+chunked head), ``--no-recompute-logits`` (TP=1: the head keeps its logits for the backward, as the FSDP
+rows' setting does), ``--compile``, ``--overlap-grad-reduce``, ``--gradient-checkpointing``. ``--profile DIR``
 writes one more step's top operators and the device's idle gaps (``_profile.py``); peak memory is the
 peak allocated on rank 0 during the timed steps.
 
@@ -112,6 +113,7 @@ def worker(rank: int, world: int, port: int, args, path: str, out: str) -> None:
             logits_chunk_size=args.logits_chunk_size,
             overlap_grad_reduce=args.overlap_grad_reduce,
             compile=args.compile,
+            recompute_logits=not args.no_recompute_logits,
         )
         info = DistInfo(rank=rank, world_size=world, local_rank=rank, master_port=port)
         started = time.perf_counter()
@@ -231,6 +233,11 @@ def parse_args(argv=None):
     p.add_argument("--logits-chunk-size", type=int, default=None, help="megatron.logits_chunk_size")
     p.add_argument("--overlap-grad-reduce", action="store_true", help="megatron.overlap_grad_reduce")
     p.add_argument("--compile", action="store_true", help="megatron.compile (each decoder layer)")
+    p.add_argument(
+        "--no-recompute-logits",
+        action="store_true",
+        help="megatron.recompute_logits=false: keep the fused head's logits (TP=1), as the FSDP rows do",
+    )
     p.add_argument("--profile", default=None, help="folder for each layout's top operators (one more step)")
     p.add_argument("--device", default="auto", help="rlcore device platform name")
     p.add_argument("--model-dir", default=None, help="where the random model is saved (default: a temp dir)")

@@ -32,6 +32,9 @@ MODELS=/tmp/rlcore-bench-models
 # Two runs side by side (pairs, compile-*, seq2-*) each take half the host's cores (_workload.host_threads).
 HALF=$(( $(nproc) / 2 ))
 MEGATRON="--remove-padding --logits-chunk-size 4096 --max-tokens-per-micro-batch 16384"
+# At TP=1 the head keeps its logits for the backward, as FSDP's setting below does (--no-recompute-logits);
+# the vocabulary-parallel head (TP=2) always recomputes. The 2 x H200 rows of docs/benchmarks.md predate it.
+TP1="$MEGATRON --no-recompute-logits"
 FSDP="--systems fsdp-mp-varlen-compile --no-reshard-after-forward --reduce-grads-once-per-step \
   --max-tokens-per-micro-batch 16384 --logits-chunk-size 4096 --no-recompute-logits"
 run() { local name=$1 limit=$2; shift 2
@@ -42,7 +45,7 @@ pair() { local name=$1 model=$2 tokens=$3 steps=$4 warmup=$5 ga=$6 gb=$7
   local common="--tokens-per-step $tokens --steps $steps --warmup $warmup"
   save_model "$model"
   CUDA_VISIBLE_DEVICES=$ga BENCH_HOST_CPUS=$HALF run "$name-megatron" 500 python3 benchmarks/megatron_gpu.py --gpus 1 --layouts tp1 \
-    --model "$model" --model-dir $MODELS $MEGATRON $common --profile "$OUT/profile-$name" --out "$OUT/$name-megatron.json" &
+    --model "$model" --model-dir $MODELS $TP1 $common --profile "$OUT/profile-$name" --out "$OUT/$name-megatron.json" &
   CUDA_VISIBLE_DEVICES=$gb BENCH_HOST_CPUS=$HALF run "$name-fsdp" 500 python3 benchmarks/fsdp_train.py --gpus 1 --models "$model" \
     $FSDP $common --model-dir $MODELS --out "$OUT/$name-fsdp.json" &
   wait; grep -h "^tp1" "$OUT/$name-megatron.log"; tail -n 3 "$OUT/$name-fsdp.log"; }
@@ -58,10 +61,10 @@ print(save_random_model('$1', Path('$MODELS'), torch.device('cuda')))" >> "$OUT/
 # rows NAME MODEL: Megatron compiled (profiled), eager (unless EAGER=0), FSDP (profiled) on the visible GPU.
 rows() { local stage=$1 model=$2 common; common=$(workload "$model")
   run "$stage-megatron-compile" 400 python3 benchmarks/megatron_gpu.py --gpus 1 --layouts tp1 --model "$model" \
-    --model-dir $MODELS $MEGATRON $common --compile --profile "$OUT/profile-$stage-megatron" \
+    --model-dir $MODELS $TP1 $common --compile --profile "$OUT/profile-$stage-megatron" \
     --out "$OUT/$stage-megatron-compile.json"
   [ "${EAGER:-1}" = 0 ] || run "$stage-megatron-eager" 400 python3 benchmarks/megatron_gpu.py --gpus 1 --layouts tp1 \
-    --model "$model" --model-dir $MODELS $MEGATRON $common --out "$OUT/$stage-megatron-eager.json"
+    --model "$model" --model-dir $MODELS $TP1 $common --out "$OUT/$stage-megatron-eager.json"
   [ "${SKIP_FSDP:-0}" = 1 ] || run "$stage-fsdp" 400 python3 benchmarks/fsdp_train.py --gpus 1 --models "$model" $FSDP $common \
     --model-dir $MODELS --profile "$OUT/profile-$stage-fsdp" --out "$OUT/$stage-fsdp.json"
   grep -h "^tp1" "$OUT/$stage-megatron-"*.log; tail -n 3 "$OUT/$stage-fsdp.log"; }
@@ -87,9 +90,9 @@ for stage in "$@"; do case $stage in
   compile-0.5b|compile-1.5b) model=qwen2.5-${stage#compile-}; save_model $model
          common=$(workload $model)
          CUDA_VISIBLE_DEVICES=0 BENCH_HOST_CPUS=$HALF run $stage-on 500 python3 benchmarks/megatron_gpu.py --gpus 1 --layouts tp1 --model $model \
-           --model-dir $MODELS $MEGATRON $common --compile --out "$OUT/$stage-on.json" &
+           --model-dir $MODELS $TP1 $common --compile --out "$OUT/$stage-on.json" &
          CUDA_VISIBLE_DEVICES=1 BENCH_HOST_CPUS=$HALF run $stage-off 500 python3 benchmarks/megatron_gpu.py --gpus 1 --layouts tp1 --model $model \
-           --model-dir $MODELS $MEGATRON $common --out "$OUT/$stage-off.json" &
+           --model-dir $MODELS $TP1 $common --out "$OUT/$stage-off.json" &
          wait; grep -h "^tp1" "$OUT/$stage-on.log" "$OUT/$stage-off.log" ;;
   seq-0.5b|seq-1.5b) model=qwen2.5-${stage#seq-}; save_model $model; rows $stage $model ;;
   seq2-0.5b|seq2-1.5b) model=qwen2.5-${stage#seq2-}; save_model $model
@@ -106,7 +109,7 @@ for stage in "$@"; do case $stage in
            $common --model-dir $MODELS --out "$OUT/7b-fsdp.json"
          tail -n 3 "$OUT/7b-fsdp.log" ;;
   profile) save_model qwen2.5-0.5b; CUDA_VISIBLE_DEVICES=0 run profile 300 python3 benchmarks/megatron_gpu.py \
-         --gpus 1 --layouts tp1 --model qwen2.5-0.5b --model-dir $MODELS $MEGATRON --tokens-per-step 65536 \
+         --gpus 1 --layouts tp1 --model qwen2.5-0.5b --model-dir $MODELS $TP1 --tokens-per-step 65536 \
          --steps 2 --warmup 2 --profile "$OUT/profile" --out "$OUT/profile-0.5b.json"; grep -h "^tp1" "$OUT/profile.log" ;;
   tp2) save_model qwen2.5-0.5b; run tp2 400 python3 benchmarks/megatron_gpu.py --gpus 2 --layouts tp2 dp2 pp2 --model qwen2.5-0.5b \
          --model-dir $MODELS $MEGATRON $TP2_COMPILE --overlap-grad-reduce --tokens-per-step 65536 --steps 5 --warmup 3 \

@@ -339,6 +339,7 @@ class MegatronEngine(TrainEngine):
                 self.spec.temperature,
                 self.config.logits_chunk_size,
                 compiled=self.config.compile,
+                keep_logits=not self.config.recompute_logits,
             )
             log_probs = log_probs.view(targets.shape)
             entropy = entropy.view(targets.shape) if "entropy" in wanted else None

@@ -35,6 +35,7 @@ def _engine(
     remove_padding=False,
     logits_chunk_size=None,
     compile=False,
+    recompute_logits=True,
     **spec,
 ):
     from rlcore.api import DistInfo, EngineSpec
@@ -53,6 +54,7 @@ def _engine(
         use_remove_padding=remove_padding,
         logits_chunk_size=logits_chunk_size,
         compile=compile,
+        recompute_logits=recompute_logits,
     )
     return MegatronEngine(
         EngineSpec(model_path=str(path), **{**defaults, **spec}),
@@ -292,6 +294,10 @@ def chunked(rank, world, port, qwen, batch, work_dir):
     r = {}
     variants = (("whole", {}), ("chunked", {"logits_chunk_size": 5}))
     variants += (("chunked_packed", {"logits_chunk_size": 5, "remove_padding": True}),)
+    if world == 1:  # logits kept from the forward: the fused head at TP=1 only
+        variants += (
+            ("chunked_kept", {"logits_chunk_size": 5, "remove_padding": True, "recompute_logits": False}),
+        )
     for name, kwargs in variants:
         eng = _engine(qwen, rank, world, port, tp=world, **kwargs)
         r[f"{name}_infer"] = _infer(eng, batch, ("log_probs", "entropy"))

@@ -123,6 +123,13 @@ def test_config_default_off_and_refused_with_transformer_engine():
         MegatronConfig(use_remove_padding=True, transformer_impl="transformer_engine")
 
 
+def test_kept_logits_are_refused_with_tensor_parallelism():
+    assert MegatronConfig().recompute_logits is True
+    MegatronConfig(recompute_logits=False)  # TP=1: the fused head keeps them
+    with pytest.raises(ValueError, match="megatron.recompute_logits=false .* always recomputes"):
+        MegatronConfig(recompute_logits=False, tensor_model_parallel_size=2)
+
+
 # -- the engine, one process -----------------------------------------------------------------------
 def test_packed_log_probs_and_entropy_equal_hf(one, qwen):
     assert_equal_hf(one["packed_infer"], qwen)
@@ -242,10 +249,12 @@ def chunked(request, tiny_qwen, tmp_path_factory):
 
 def test_chunked_head_equals_hf_and_trains_as_the_whole_head(chunked, qwen, hf_step):
     """Log-probs and entropy against the HF model; the training step (loss, gradient norm, every
-    gradient, the updated weights) against the head over the whole micro-batch and one HF AdamW step."""
+    gradient, the updated weights) against the head over the whole micro-batch and one HF AdamW step. At
+    TP=1 also with the logits kept from the forward (``recompute_logits=False``)."""
     loss, grad_norm, after = hf_step
+    names = ("chunked", "chunked_packed") + (("chunked_kept",) if len(chunked) == 1 else ())
     for rank in chunked:
-        for name in ("chunked", "chunked_packed"):
+        for name in names:
             if rank[f"{name}_infer"] is not None:  # the rank holding outputs (tensor-parallel rank 0)
                 assert_equal_hf(rank[f"{name}_infer"], qwen)
             metrics, whole = rank[f"{name}_metrics"], rank["whole_metrics"]
@@ -253,7 +262,7 @@ def test_chunked_head_equals_hf_and_trains_as_the_whole_head(chunked, qwen, hf_s
             assert metrics["grad_norm"] == pytest.approx(whole["grad_norm"], rel=1e-6)
             assert metrics["loss"] == pytest.approx(loss, abs=ATOL)
             assert_same_weights(rank[f"{name}_grads"], rank["whole_grads"], atol=1e-6)
-    for name in ("chunked", "chunked_packed"):  # the weight stream comes from rank 0
+    for name in names:  # the weight stream comes from rank 0
         assert_same_weights(chunked[0][f"{name}_export1"], after, atol=1e-6)
     assert chunked[0]["chunked_infer"] is not None
     assert max(g.abs().max() for g in chunked[0]["whole_grads"].values()) > 1e-2  # not vacuous
