@@ -100,8 +100,9 @@ class PackedDotProductAttention(DotProductAttention):
 
         Traced by ``torch.compile`` inside a compiled layer (``megatron.compile``), so the rotation's
         elementwise work fuses with the projections around it and the var-len kernel is a node of the
-        layer's graph, as in the FSDP engine's compiled layers (measured on an H100: this frame left eager
-        cost Megatron about a fifth of its step at 0.5B against FSDP)."""
+        layer's graph, as in the FSDP engine's compiled layers (``rlcore_megatron.compiled`` says what else
+        kept the layer from being one graph; with both fixed, 1.8x the eager engine's tokens/s at 0.5B on an
+        H200, ``docs/benchmarks.md``)."""
         if packed_seq_params is None:
             return self._unpacked(query, key, value, attention_mask, attn_mask_type, attention_bias)
         if not isinstance(packed_seq_params, PackedSequences) or packed_seq_params.rotary_cos is None:
