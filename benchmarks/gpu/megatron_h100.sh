@@ -4,8 +4,9 @@
 # On a fresh machine, one call: `bash benchmarks/gpu/megatron_bundle.sh` here once, then carry
 # [".gpu-mcore/c1", ".gpu-mcore/tools"] and run `bash benchmarks/gpu/megatron_h100.sh unpack setup ...`
 # (megatron-core 0.19.2 and rlcore's missing imports into /tmp/msite; core, fsdp, megatron into /tmp/proj).
-# Runs that outlive a call: `OUT=/tmp/res CHAIN="stage ..." ... chain`, then `OUT=/tmp/res ... wait-chain
-# collect` (again until "chain done"): collect packs /tmp/res into the call's $OUT as results.tgz.
+# Runs that outlive a call: `OUT=/tmp/res CHAIN="stage ..." ... chain`, then `OUT=/tmp/res WAIT=500 ...
+# wait-chain` in the next calls until "chain done" (within 30 s of each other: the machine idles out), then
+# `CALL_OUT=$OUT OUT=/tmp/res ... collect` packs /tmp/res into the call's $OUT as results.tgz.
 # SITE=/tmp/site runs on the SGLang bundle instead (sglang_h100.sh unpack setup), SITE=/tmp/vsite on the
 # vLLM bundle (step_h100.sh unpack setup); both carry megatron-core 0.19.2 too.
 # Stages:
@@ -20,7 +21,8 @@
 #                GPUs, the same steps (65,536 tokens per GPU, micro-batches of 4,096 tokens)
 #   tp2-1.5b     Megatron TP=2 and DP=2 on both GPUs (1.5B)
 #   seq-0.5b, seq-1.5b   on ONE GPU, one after another: Megatron TP=1 with megatron.compile, the same without
-#                (EAGER=0 skips it), then FSDP's tuned setting (the -h100 rows on the one-GPU kind); the
+#                (EAGER=0 skips it), then FSDP's tuned setting (SKIP_FSDP=1 skips it; the -h100 rows on
+#                the one-GPU kind); the
 #                compiled Megatron run and FSDP each profile one more step (top operators, idle gaps)
 #   seq2-0.5b, seq2-1.5b   seq-* on each of two GPUs at once, independently (GPU 0: seq-*, GPU 1: rerun-*):
 #                the row and its independent re-run from one call
