@@ -129,8 +129,9 @@ class PackedDotProductAttention(DotProductAttention):
         )
         return out.reshape(out.shape[0], self.hidden_size_per_partition)
 
-    # megatron-core's own attention reads and allocates as dynamo cannot follow; unpacked input (no
-    # ``megatron.use_remove_padding``) never reaches this class in practice, but stays eager if it does.
+    # Unpacked input does not reach this class in practice (it is in the layer spec only with
+    # ``megatron.use_remove_padding``, which packs every micro-batch); if it does, megatron-core's own
+    # attention runs it eagerly, as the whole class ran before it was traced.
     @torch.compiler.disable
     def _unpacked(self, query, key, value, attention_mask, attn_mask_type, attention_bias):
         return super().forward(query, key, value, attention_mask, attn_mask_type, attention_bias, None)
