@@ -5,9 +5,9 @@ Engine or Apex. Without them (this project's setting: neither installs from the 
 back to code that costs a training step more than the arithmetic:
 
 * **the gradient norm**: ``megatron.core.utils.local_multi_tensor_l2_norm`` builds a host tensor from the
-  per-parameter norms (``torch.tensor(list of device scalars)``): one device sync per parameter (about 290
-  for a 0.5B Qwen) at the end of every step, each waiting for the device queue to drain, and then a host
-  float. :func:`install_device_norm` replaces it with two device kernels (``torch._foreach_norm``, then the
+  per-parameter norms (``torch.tensor(list of device scalars)``): one device sync per parameter tensor (170
+  for a 0.5B Qwen in Megatron's fused layout) at the end of every step, the first waiting for the whole
+  backward, then a host round trip each, and a host float at the end. :func:`install_device_norm` replaces it with two device kernels (``torch._foreach_norm``, then the
   norm of those norms) and, where megatron-core has the hook for it (0.19: ``multi_tensor_scale_tensor_impl``,
   which Transformer Engine fills), clips by a coefficient that stays on the device too, as it does with
   Transformer Engine: the optimizer step then never waits for the device.
