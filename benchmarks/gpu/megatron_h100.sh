@@ -28,6 +28,8 @@
 #                the row and its independent re-run from one call
 #   tp2, tp2-1.5b and 7b compile Megatron too (COMPILE=0: not)
 set -uo pipefail
+# shellcheck source=benchmarks/gpu/call_lib.sh
+source "$(dirname "$0")/call_lib.sh"
 OUT=${OUT:-/tmp/out}; mkdir -p "$OUT"
 export PYTHONPATH=/tmp/proj:${SITE:-/tmp/msite} TOKENIZERS_PARALLELISM=false
 MODELS=/tmp/rlcore-bench-models
@@ -79,11 +81,8 @@ for stage in "$@"; do case $stage in
   setup) rm -rf /tmp/proj; python3 -m pip install -q --no-deps --no-index --no-build-isolation --target /tmp/proj ./core \
            ./plugins/fsdp ./plugins/megatron > "$OUT/setup.log" 2>&1; echo "setup exit $?"
          nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv | tee -a "$OUT/setup.log" ;;
-  chain) rm -f "$OUT/chain.done"  # CHAIN="stage ..." one after another, detached: they outlive this call
-         setsid nohup bash -c "OUT=$OUT bash $0 ${CHAIN:?CHAIN=stages}; touch $OUT/chain.done" > "$OUT/chain.log" 2>&1 &
-         echo "chain started ($CHAIN): $!" | tee -a "$OUT/commands.txt" ;;
-  wait-chain) for _ in $(seq "${WAIT:-500}"); do [ -f "$OUT/chain.done" ] && break; sleep 1; done
-         [ -f "$OUT/chain.done" ] && echo "chain done" || echo "chain still running"; tail -n 30 "$OUT/chain.log" ;;
+  chain) chain_start "OUT=$OUT" ;;  # CHAIN="stage ..." one after another, detached: they outlive this call
+  wait-chain) chain_wait 500 30 ;;
   collect) mkdir -p "${CALL_OUT:-/tmp/out-call}"; tar -C "$OUT" -czf "${CALL_OUT:-/tmp/out-call}/results.tgz" . ;;
   pair-0.5b) pair pair-0.5b qwen2.5-0.5b 65536 5 3 0 1 ;;
   swap-0.5b) pair swap-0.5b qwen2.5-0.5b 65536 5 3 1 0 ;;
@@ -119,7 +118,6 @@ for stage in "$@"; do case $stage in
   tp2-1.5b) save_model qwen2.5-1.5b; run tp2-1.5b 400 python3 benchmarks/megatron_gpu.py --gpus 2 --layouts tp2 dp2 --model qwen2.5-1.5b \
          --model-dir $MODELS $MEGATRON $TP2_COMPILE --overlap-grad-reduce --tokens-per-step 262144 --steps 3 --warmup 2 \
          --out "$OUT/tp2-1.5b.json"; grep -h "^tp2\|^dp2" "$OUT/tp2-1.5b.log" ;;
-  pack-out) # Last: everything under $OUT in one archive (the device tool returns at most 8 files a call).
-         tar -C "$OUT" -czf /tmp/results.tgz . && rm -rf "${OUT:?}"/* && mv /tmp/results.tgz "$OUT/results.tgz" ;;
+  pack-out) pack_out ;;  # last: everything under $OUT in one archive (a call brings back at most 8 files)
   *) echo "unknown stage $stage"; exit 2 ;;
 esac; done

@@ -5,6 +5,8 @@
 # model (random Qwen2.5-0.5B-shaped model), tests (plugins/sglang/tests/test_engine_gpu.py on that model),
 # bench (benchmarks/sglang_gpu.py). Each step has a timeout well inside a call's 600 s; see README.md.
 set -uo pipefail
+# shellcheck source=benchmarks/gpu/call_lib.sh
+source "$(dirname "$0")/call_lib.sh"
 OUT=${OUT:-/tmp/out}; mkdir -p "$OUT"
 # The project first (its entry points), then the bundle, whose transformers 5.12.1 (SGLang's pin) must
 # shadow the machine's 5.17.
@@ -84,7 +86,6 @@ Path('$MODEL').mkdir(parents=True, exist_ok=True); save_model(Path('$MODEL'), '0
            trainer.total_steps=15 trainer.experiment_name=sglang-megatron-split
          cp runs/sglang-megatron-split/metrics.jsonl "$OUT/train_megatron_split_sglang.metrics.jsonl" 2>/dev/null
          tar -C runs/sglang-megatron-split -czf "$OUT/train_megatron_split_sglang_logs.tgz" logs config.yaml error.log 2>/dev/null ;;
-  pack-out) # Last: everything under $OUT in one archive (the device tool returns at most 8 files a call).
-         tar -C "$OUT" -czf /tmp/results.tgz . && rm -rf "${OUT:?}"/* && mv /tmp/results.tgz "$OUT/results.tgz" ;;
+  pack-out) pack_out ;;  # last: everything under $OUT in one archive (a call brings back at most 8 files)
   *) echo "unknown stage $stage"; exit 2 ;;
 esac; done

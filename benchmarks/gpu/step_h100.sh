@@ -11,6 +11,8 @@
 # model and prompts), compare (both steps into one JSON and table), step-named (one named rlcore run:
 # NAME, STEPS, PROFILE, STEP_OVERRIDES; its JSON holds the bound of this machine's step-raw run).
 set -uo pipefail
+# shellcheck source=benchmarks/gpu/call_lib.sh
+source "$(dirname "$0")/call_lib.sh"
 # Results stay in /tmp/res while the machine is warm (a call's own $OUT starts empty each call); RES=... to move.
 FINAL=${OUT:-}; OUT=${RES:-/tmp/res}; mkdir -p "$OUT"
 collect() {  # what comes back: results, logs and tables (models, checkpoints and Ray's logs stay)
@@ -110,13 +112,8 @@ for stage in "$@"; do case $stage in
             --out "$OUT/grpo_step" ;;  # the model folder and prompt file alone (what verl-bg reads)
   chain) free_gpu; mkdir -p "$OUT/verl"  # CHAIN="stage ..." one after another, detached: they outlive this call
         # (verl alone takes most of 15 minutes); wait-chain waits and brings back what has finished.
-        rm -f "$OUT/chain.done"
-        setsid nohup bash -c "OUT= RES=$OUT bash $0 ${CHAIN:?CHAIN=stages}; touch $OUT/chain.done" \
-          > "$OUT/chain.log" 2>&1 &
-        echo "chain started ($CHAIN): $!" | tee -a "$OUT/commands.txt" ;;
-  wait-chain) for _ in $(seq "${WAIT:-560}"); do [ -f "$OUT/chain.done" ] && break; sleep 1; done
-        [ -f "$OUT/chain.done" ] && echo "chain done" || echo "chain still running"
-        tail -n 40 "$OUT/chain.log" ;;
+        chain_start "OUT= RES=$OUT" ;;
+  wait-chain) chain_wait 560 40 ;;
   megatron-seq-0.5b|megatron-seq-1.5b) free_gpu  # Megatron beside FSDP on this one GPU (megatron_h100.sh, this bundle)
         mkdir -p "$OUT/megatron"; OUT="$OUT/megatron" SITE=/tmp/vsite bash benchmarks/gpu/megatron_h100.sh "${stage#megatron-}" ;;
   compare) step compare 120 python3 benchmarks/grpo_step_gpu.py --shape "$SHAPE" --skip-raw --skip-rlcore \
