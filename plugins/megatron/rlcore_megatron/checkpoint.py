@@ -18,22 +18,14 @@ import torch.distributed as dist
 from megatron.core import dist_checkpointing
 from rlcore.safe_dcp import check_folder, load_value
 
+from rlcore_megatron.optimizer import torch_adams
+
 _OPTIMIZER_FORMAT = {"distrib_optim_sharding_type": "dp_reshardable"}
-
-
-def _torch_adams(optimizer) -> list:
-    """The ``torch.optim.Adam(W)`` inside each of Megatron's (chained) optimizers, or None where
-    Megatron uses a fused Adam (Apex / Transformer Engine), which keeps its step in param groups."""
-    out = []
-    for inner in getattr(optimizer, "chained_optimizers", [optimizer]):
-        torch_opt = getattr(inner, "optimizer", None)
-        out.append(torch_opt if isinstance(torch_opt, torch.optim.Adam | torch.optim.AdamW) else None)
-    return out
 
 
 def _torch_adam_steps(optimizer) -> list[float | None]:
     steps = []
-    for adam in _torch_adams(optimizer):
+    for adam in torch_adams(optimizer):
         values = (
             {float(st["step"]) for st in adam.state.values() if "step" in st} if adam is not None else set()
         )
@@ -51,7 +43,7 @@ def _step(group: dict, param: torch.Tensor, value: float) -> torch.Tensor:
 def _materialise_torch_adam_state(optimizer) -> None:
     """Give a never-stepped torch Adam the per-parameter state its first step would create:
     megatron-core's distributed optimizer reads it while building the state dict to load into."""
-    for adam in _torch_adams(optimizer):
+    for adam in torch_adams(optimizer):
         for group in adam.param_groups if adam is not None else []:
             for p in group["params"]:
                 if not adam.state[p]:
@@ -68,7 +60,7 @@ def _restore_torch_adam_steps(optimizer, steps: list[float | None]) -> None:
     into every parameter's state, which torch's multi-tensor Adam then increments once per
     parameter. Either corrupts Adam's bias correction after a resume.
     """
-    for adam, step in zip(_torch_adams(optimizer), steps, strict=True):
+    for adam, step in zip(torch_adams(optimizer), steps, strict=True):
         if adam is None or step is None:
             continue
         for group in adam.param_groups:

@@ -58,6 +58,16 @@ def install_device_norm() -> bool:
     return True
 
 
+def torch_adams(optimizer) -> list:
+    """The ``torch.optim.Adam(W)`` inside each of Megatron's (chained) optimizers, or None where
+    Megatron uses a fused Adam (Apex / Transformer Engine), which keeps its step in param groups."""
+    out = []
+    for inner in getattr(optimizer, "chained_optimizers", [optimizer]):
+        torch_opt = getattr(inner, "optimizer", None)
+        out.append(torch_opt if isinstance(torch_opt, torch.optim.Adam | torch.optim.AdamW) else None)
+    return out
+
+
 def fuse_adam(optimizer) -> int:
     """Switch every ``torch.optim.Adam``/``AdamW`` inside megatron-core's ``optimizer`` (chained or not)
     to PyTorch's fused kernel where all of its parameters are on a device that has it. Returns how many
@@ -65,9 +75,8 @@ def fuse_adam(optimizer) -> int:
     step on)."""
     supported = set(_get_fused_kernels_supported_devices())
     switched = 0
-    for inner in getattr(optimizer, "chained_optimizers", [optimizer]):
-        torch_opt = getattr(inner, "optimizer", None)
-        if not isinstance(torch_opt, torch.optim.Adam | torch.optim.AdamW):
+    for torch_opt in torch_adams(optimizer):
+        if torch_opt is None:
             continue
         params = [p for group in torch_opt.param_groups for p in group["params"]]
         if any(torch_opt.state.get(p) for p in params):
