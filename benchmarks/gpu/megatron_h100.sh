@@ -14,7 +14,8 @@
 #   pair-0.5b    Megatron TP=1 (packed var-len attention, chunked head) on GPU A, FSDP's tuned setting on GPU B
 #   pair-1.5b    the same for the 1.5B shape at 256k tokens per step (the MFU rows)
 #   swap-0.5b, swap-1.5b   the same pairs with the GPUs swapped (the independent re-run of each row)
-#   tp2          Megatron TP=2, PP=2 and DP=2 on both GPUs (0.5B), for the scaling rows against pair-0.5b
+#   tp2          Megatron TP=2, PP=2 and DP=2 on both GPUs (0.5B), for the scaling rows against seq-0.5b,
+#                each layout profiling one more step ($OUT/profile-tp2)
 #   compile-0.5b, compile-1.5b   Megatron TP=1 with megatron.compile on GPU 0 beside the same without on GPU 1
 #   profile      Megatron TP=1 (0.5B) with one profiled step: $OUT/profile/megatron-qwen2.5-0.5b-tp1.txt
 #   7b           a 7B shape over both GPUs (2 x H200): Megatron TP=2, then the FSDP engine on the same two
@@ -24,6 +25,8 @@
 #                (EAGER=0 skips it), then FSDP's tuned setting (SKIP_FSDP=1 skips it; the -h100 rows on
 #                the one-GPU kind); the
 #                compiled Megatron run and FSDP each profile one more step (top operators, idle gaps)
+#   rerun-0.5b, rerun-1.5b   seq-* again on the one GPU, named rerun-* (the independent re-run of its rows)
+#   nccl         the GPUs' topology and NCCL all-reduce times at a TP=2 step's sizes (allreduce_probe.py)
 #   seq2-0.5b, seq2-1.5b   seq-* on each of two GPUs at once, independently (GPU 0: seq-*, GPU 1: rerun-*):
 #                the row and its independent re-run from one call
 #   tp2, tp2-1.5b and 7b compile Megatron too (COMPILE=0: not)
@@ -41,9 +44,9 @@ MEGATRON="--remove-padding --logits-chunk-size 4096 --max-tokens-per-micro-batch
 TP1="$MEGATRON --no-recompute-logits"
 FSDP="--systems fsdp-mp-varlen-compile --no-reshard-after-forward --reduce-grads-once-per-step \
   --max-tokens-per-micro-batch 16384 --logits-chunk-size 4096 --no-recompute-logits"
-run() { local name=$1 limit=$2; shift 2
-  echo "== $name: $*" | tee -a "$OUT/commands.txt"
-  timeout "$limit" "$@" > "$OUT/$name.log" 2>&1; echo "exit $?" >> "$OUT/$name.log"; }
+run() { local name=$1 limit=$2 t0=$SECONDS; shift 2
+  echo "== $name ($(date +%T)): $*" | tee -a "$OUT/commands.txt"
+  timeout "$limit" "$@" > "$OUT/$name.log" 2>&1; echo "exit $? after $((SECONDS - t0)) s" >> "$OUT/$name.log"; }
 # pair NAME MODEL TOKENS STEPS WARMUP MEGATRON_GPU FSDP_GPU: both engines at once, one GPU each.
 pair() { local name=$1 model=$2 tokens=$3 steps=$4 warmup=$5 ga=$6 gb=$7
   local common="--tokens-per-step $tokens --steps $steps --warmup $warmup"
@@ -95,7 +98,7 @@ for stage in "$@"; do case $stage in
          CUDA_VISIBLE_DEVICES=1 BENCH_HOST_CPUS=$HALF run $stage-off 500 python3 benchmarks/megatron_gpu.py --gpus 1 --layouts tp1 --model $model \
            --model-dir $MODELS $TP1 $common --out "$OUT/$stage-off.json" &
          wait; grep -h "^tp1" "$OUT/$stage-on.log" "$OUT/$stage-off.log" ;;
-  seq-0.5b|seq-1.5b) model=qwen2.5-${stage#seq-}; save_model $model; rows $stage $model ;;
+  seq-0.5b|seq-1.5b|rerun-0.5b|rerun-1.5b) model=qwen2.5-${stage#*-}; save_model $model; rows $stage $model ;;
   seq2-0.5b|seq2-1.5b) model=qwen2.5-${stage#seq2-}; save_model $model
          (export CUDA_VISIBLE_DEVICES=0 BENCH_HOST_CPUS=$HALF; rows seq-${stage#seq2-} $model) &
          (export CUDA_VISIBLE_DEVICES=1 BENCH_HOST_CPUS=$HALF; rows rerun-${stage#seq2-} $model) &
@@ -114,10 +117,12 @@ for stage in "$@"; do case $stage in
          --steps 2 --warmup 2 --profile "$OUT/profile" --out "$OUT/profile-0.5b.json"; grep -h "^tp1" "$OUT/profile.log" ;;
   tp2) save_model qwen2.5-0.5b; run tp2 400 python3 benchmarks/megatron_gpu.py --gpus 2 --layouts tp2 dp2 pp2 --model qwen2.5-0.5b \
          --model-dir $MODELS $MEGATRON $TP2_COMPILE --overlap-grad-reduce --tokens-per-step 65536 --steps 5 --warmup 3 \
-         --out "$OUT/tp2-0.5b.json"; grep -h "^tp2\|^dp2\|^pp2" "$OUT/tp2.log" ;;
+         --profile "$OUT/profile-tp2" --out "$OUT/tp2-0.5b.json"; grep -h "^tp2\|^dp2\|^pp2" "$OUT/tp2.log" ;;
   tp2-1.5b) save_model qwen2.5-1.5b; run tp2-1.5b 400 python3 benchmarks/megatron_gpu.py --gpus 2 --layouts tp2 dp2 --model qwen2.5-1.5b \
          --model-dir $MODELS $MEGATRON $TP2_COMPILE --overlap-grad-reduce --tokens-per-step 262144 --steps 3 --warmup 2 \
          --out "$OUT/tp2-1.5b.json"; grep -h "^tp2\|^dp2" "$OUT/tp2-1.5b.log" ;;
+  nccl) nvidia-smi topo -m > "$OUT/topo.txt" 2>&1; cat "$OUT/topo.txt"
+        run nccl 120 python3 benchmarks/gpu/allreduce_probe.py --out "$OUT/allreduce.json"; cat "$OUT/nccl.log" ;;
   pack-out) pack_out ;;  # last: everything under $OUT in one archive (a call brings back at most 8 files)
   *) echo "unknown stage $stage"; exit 2 ;;
 esac; done
