@@ -47,6 +47,7 @@ from rlcore_megatron.model import (
     cast_parameters,
     local_layers,
     mark_tensor_parallel,
+    output_weight,
     param_dtype,
     transformer_config,
 )
@@ -330,7 +331,7 @@ class MegatronEngine(TrainEngine):
         elif self.layout.tp_size == 1:  # ``output`` is the hidden state (model.pass_hidden_through)
             # The whole vocabulary here: rlcore's fused head (one autograd function, fp32 statistics, the
             # vocabulary-wide elementwise work compiled with ``megatron.compile``), padded rows cut off.
-            weight = self.module.shared_embedding_or_output_weight()[: self.shape.vocab_size]
+            weight = output_weight(self.module)[: self.shape.vocab_size]
             log_probs, entropy = linear_log_probs(
                 output.reshape(-1, output.shape[-1]),
                 weight,
@@ -344,7 +345,7 @@ class MegatronEngine(TrainEngine):
             log_probs = log_probs.view(targets.shape)
             entropy = entropy.view(targets.shape) if "entropy" in wanted else None
         else:  # vocabulary-parallel: each rank's slice in chunks, the softmax sums all-reduced
-            weight = self.module.shared_embedding_or_output_weight()
+            weight = output_weight(self.module)
             log_probs, entropy = chunked_log_probs_and_entropy(
                 output,
                 weight,

@@ -137,6 +137,16 @@ def build_stage_model(
     return model
 
 
+def output_weight(model) -> torch.Tensor:
+    """The last stage's vocabulary projection ``[V_padded/tp, h]``: the input embedding's when tied.
+
+    Not megatron-core's ``shared_embedding_or_output_weight``, which returns the embedding on a first
+    stage whether or not the two are tied (Qwen2.5-7B's output layer is its own matrix)."""
+    if model.share_embeddings_and_output_weights:
+        return model.shared_embedding_or_output_weight()
+    return model.output_layer.weight
+
+
 def pass_hidden_through(output_layer: torch.nn.Module, config: TransformerConfig) -> None:
     """Make the vocabulary output layer return its input (``[s, b, h]``, as the projection would see it)
     instead of the logits, so that the engine computes the head in chunks
