@@ -121,6 +121,15 @@ def _kernels(compiled: bool):
     return _compiled_kernels() if compiled else (_stats, _grad_logits)
 
 
+def slice_kernels(compiled: bool):
+    """``(statistics, gradient)`` for a head that holds a slice of the vocabulary (the Megatron engine's
+    vocabulary-parallel head): ``stats(logits [c, v], targets [c], T) -> (log_probs, entropy, lse)``
+    of the slice alone, and ``grad(logits, targets, lse, entropy, g_lp, g_ent, T) -> [c, v]`` given the
+    whole vocabulary's ``lse`` and ``entropy``. The gradient is the functional form, whose one-hot term is
+    zero for a target outside ``[0, v)`` (pass -1 where another rank holds it); compiled as above."""
+    return _compiled_kernels() if compiled else (_stats, _grad_logits_functional)
+
+
 class _LinearLogProbs(torch.autograd.Function):
     @staticmethod
     def forward(ctx, hidden, weight, bias, targets, temperature, chunk, compiled, keep_logits):

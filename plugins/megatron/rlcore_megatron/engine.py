@@ -352,6 +352,7 @@ class MegatronEngine(TrainEngine):
                 targets,
                 chunk_tokens=self.config.logits_chunk_size,
                 vocab_start=self.layout.tp_rank * weight.shape[0],
+                compiled=self.config.compile,
                 **common,
             )
         out = {"log_probs": response_columns(restore(micro.per_position(log_probs), aligned), width)}

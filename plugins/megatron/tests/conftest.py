@@ -31,14 +31,6 @@ def tiny_qwen(tmp_path_factory) -> Path:
 
 
 @pytest.fixture(scope="session")
-def tiny_qwen_untied(tmp_path_factory) -> Path:
-    """The tiny Qwen with its output layer its own matrix (as Qwen2.5-7B's), not the embedding's."""
-    from rlcore.testing.tiny import build_tiny_model
-
-    return build_tiny_model(tmp_path_factory.mktemp("tiny_qwen_untied"), tie_word_embeddings=False)
-
-
-@pytest.fixture(scope="session")
 def tiny_llama(tmp_path_factory) -> Path:
     """A random Llama (untied, no biases, GQA, vocab 1000: padded to 1024 inside Megatron)."""
     from transformers import LlamaConfig, LlamaForCausalLM

@@ -59,8 +59,8 @@ def two(tiny_qwen, tmp_path_factory):
     return run_ranks(mcore_test_workers.packed2, 2, tiny_qwen, tmp_path_factory)
 
 
-def assert_equal_hf(out, qwen, atol=ATOL):
-    b = batch()
+def assert_equal_hf(out, qwen, atol=ATOL, b: Batch | None = None):
+    b = batch() if b is None else b
     ref_logp, ref_entropy = hf_response_outputs(qwen, b)
     mask = b["response_mask"].bool()
     assert out["log_probs"].shape == b["responses"].shape
@@ -251,30 +251,39 @@ def test_chunked_head_equals_hf_and_trains_as_the_whole_head(chunked, qwen, hf_s
     """Log-probs and entropy against the HF model; the training step (loss, gradient norm, every
     gradient, the updated weights) against the head over the whole micro-batch and one HF AdamW step. At
     TP=1 also with the logits kept from the forward (``recompute_logits=False``)."""
-    check_chunked(chunked, qwen, hf_step)
+    check_chunked(chunked, qwen, hf_step, batch())
+
+
+def llama_batch():
+    """:func:`batch` for the tiny Llama's vocabulary of 1,000."""
+    return make_batch(1, 1000)
 
 
 @pytest.fixture(scope="module", params=[1, 2], ids=["tp1", "tp2"])
-def chunked_untied(request, tiny_qwen_untied, tmp_path_factory):
-    return run_ranks(mcore_test_workers.chunked, request.param, tiny_qwen_untied, tmp_path_factory)
+def chunked_llama(request, tiny_llama, tmp_path_factory):
+    work = tmp_path_factory.mktemp(f"megatron_chunked_llama{request.param}")
+    spawn(mcore_test_workers.chunked, request.param, str(tiny_llama), llama_batch(), str(work))
+    return [torch.load(work / f"chunked_rank{r}.pt", weights_only=False) for r in range(request.param)]
 
 
-def test_chunked_head_projects_with_an_untied_output_layer(chunked_untied, tiny_qwen_untied):
-    """The same checks with the output layer its own matrix (Qwen2.5-7B): the chunked head must project
-    with it, not with the input embedding (megatron-core's ``shared_embedding_or_output_weight`` returns
-    the embedding on a first stage, tied or not: the 7B shape's log-probs were 1.35 off on average)."""
-    untied = hf_model(tiny_qwen_untied)
-    assert not torch.equal(untied.lm_head.weight, untied.model.embed_tokens.weight)
-    check_chunked(chunked_untied, untied, mcore_test_workers.hf_step(untied, batch()))
+def test_chunked_head_of_an_untied_padded_output_layer(chunked_llama, tiny_llama):
+    """The same checks on the tiny Llama: its output layer is its own matrix (as Qwen2.5-7B's), so the
+    chunked head must project with it, not with the input embedding (megatron-core's
+    ``shared_embedding_or_output_weight`` returns the embedding on a first stage, tied or not: the 7B
+    shape's log-probs were 1.35 off on average), and its vocabulary of 1,000 is padded to 1,024 (at TP=2
+    the second rank's slice ends in 24 padding rows, which must get no probability)."""
+    llama = hf_model(tiny_llama)
+    assert not torch.equal(llama.lm_head.weight, llama.model.embed_tokens.weight)
+    check_chunked(chunked_llama, llama, mcore_test_workers.hf_step(llama, llama_batch()), llama_batch())
 
 
-def check_chunked(chunked: list[dict], qwen, hf_step) -> None:
+def check_chunked(chunked: list[dict], qwen, hf_step, b: Batch) -> None:
     loss, grad_norm, after = hf_step
     names = ("chunked", "chunked_packed") + (("chunked_kept",) if len(chunked) == 1 else ())
     for rank in chunked:
         for name in names:
             if rank[f"{name}_infer"] is not None:  # the rank holding outputs (tensor-parallel rank 0)
-                assert_equal_hf(rank[f"{name}_infer"], qwen)
+                assert_equal_hf(rank[f"{name}_infer"], qwen, b=b)
             metrics, whole = rank[f"{name}_metrics"], rank["whole_metrics"]
             assert metrics["loss"] == pytest.approx(whole["loss"], abs=1e-6)
             assert metrics["grad_norm"] == pytest.approx(whole["grad_norm"], rel=1e-6)
