@@ -9,10 +9,18 @@ code around it eager and adds a graph boundary. Two things in a Megatron layer b
   at every call (0.16-0.19) before returning the default group. A warning is a graph break to dynamo, and
   inside the layer's activation-offloading context manager it cannot resume there, so rank 0's layers
   ran largely eager. :func:`_resolve_default_tp_group_quietly` resolves the default group before that
-  check, so it has nothing to warn about; the group it returns is the one it would have returned.
+  check, so it has nothing to warn about; the group it returns is the one it would have returned;
+* with tensor parallelism, megatron-core's column-parallel linears warn once per process (a once-flag on
+  ``linear_with_grad_accumulation_and_async_allreduce``) unless ``CUDA_DEVICE_MAX_CONNECTIONS=1``. Once is
+  enough: the first compiled call breaks there, and the layer code around it stays eager for good (a TP=2
+  step of the 0.5B shape on 2 x H200 hit dynamo's recompile limit in the linears, tracing each one
+  alone). :func:`_warn_about_max_connections_now` gives the same warning eagerly and sets the flag.
 """
 
 from __future__ import annotations
+
+import os
+import warnings
 
 import torch
 from megatron.core import parallel_state
@@ -21,8 +29,27 @@ from megatron.core import parallel_state
 def compile_layers(module: torch.nn.Module) -> None:
     """``torch.compile`` (dynamic shapes) every decoder layer of megatron-core's ``module``, in place."""
     _resolve_default_tp_group_quietly()
+    _warn_about_max_connections_now()
     for layer in module.decoder.layers:
         layer.compile(dynamic=True)
+
+
+def _warn_about_max_connections_now() -> None:
+    from megatron.core.tensor_parallel import layers
+
+    linear = layers.linear_with_grad_accumulation_and_async_allreduce
+    if linear.warned:
+        return
+    if (
+        parallel_state.get_tensor_model_parallel_world_size() > 1
+        and os.environ.get("CUDA_DEVICE_MAX_CONNECTIONS") != "1"
+    ):
+        warnings.warn(
+            "megatron-core (tensor parallelism): set the environment variable CUDA_DEVICE_MAX_CONNECTIONS=1 "
+            "for its gradient all-reduces to overlap the weight-gradient matmuls",
+            stacklevel=3,
+        )
+    linear.warned = True
 
 
 def _resolve_default_tp_group_quietly() -> None:

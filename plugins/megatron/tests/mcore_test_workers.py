@@ -337,8 +337,10 @@ def compiled(rank, world, port, qwen, batch, work_dir):
     layers = eng.module.decoder.layers
     r = {"compiled_layers": sum(getattr(layer, "_compiled_call_impl", None) is not None for layer in layers)}
     r["layers"] = len(layers)
-    r["infer"] = _infer(eng, batch, ("log_probs", "entropy"))
+    # First: a break that megatron-core makes only once per process (a warning behind a once-flag)
+    # still leaves the layers eager for good, so the count must see the very first compiled call.
     r["graph_breaks"], r["traced_infer"] = _graph_breaks_with_a_traceable_kernel(eng, batch)
+    r["infer"] = _infer(eng, batch, ("log_probs", "entropy"))
     r["metrics"] = eng.train_step(batch, nll_loss)
     r["export1"] = _export(eng)
     _save(r, Path(work_dir), "compiled", rank)
@@ -348,7 +350,8 @@ def _graph_breaks_with_a_traceable_kernel(engine, batch):
     """Where dynamo breaks the compiled layers' graphs when the var-len kernel is traceable, as PyTorch's
     flash kernel is on a GPU (the CPU has none: there the per-sequence fallback is a deliberate break).
     The kernel is stood in for by exact causal attention under a block-diagonal mask. Returns the graph
-    break reasons counted over one ``infer`` from a fresh dynamo cache, and that ``infer``'s outputs."""
+    break reasons counted over one ``infer`` from a fresh dynamo cache (the engine's first call), and that
+    ``infer``'s outputs."""
     import torch
     import torch.nn.functional as F
     from rlcore import varlen_attention as va
