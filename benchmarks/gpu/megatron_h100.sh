@@ -21,6 +21,7 @@
 #   7b           a 7B shape over both GPUs (2 x H200): Megatron TP=2, then the FSDP engine on the same two
 #                GPUs, the same steps (65,536 tokens per GPU, micro-batches of 4,096 tokens)
 #   tp2-1.5b     Megatron TP=2 and DP=2 on both GPUs (1.5B)
+#   tp2-only, tp2-only-rerun   Megatron TP=2 alone (0.5B), the first profiled: the TP=2 row and its re-run
 #   seq-0.5b, seq-1.5b   on ONE GPU, one after another: Megatron TP=1 with megatron.compile, the same without
 #                (EAGER=0 skips it), then FSDP's tuned setting (SKIP_FSDP=1 skips it; the -h100 rows on
 #                the one-GPU kind); the
@@ -118,6 +119,11 @@ for stage in "$@"; do case $stage in
   tp2) save_model qwen2.5-0.5b; run tp2 400 python3 benchmarks/megatron_gpu.py --gpus 2 --layouts tp2 dp2 pp2 --model qwen2.5-0.5b \
          --model-dir $MODELS $MEGATRON $TP2_COMPILE --overlap-grad-reduce --tokens-per-step 65536 --steps 5 --warmup 3 \
          --profile "$OUT/profile-tp2" --out "$OUT/tp2-0.5b.json"; grep -h "^tp2\|^dp2\|^pp2" "$OUT/tp2.log" ;;
+  tp2-only|tp2-only-rerun) save_model qwen2.5-0.5b
+         prof=$([ $stage = tp2-only ] && echo "--profile $OUT/profile-$stage")
+         run $stage 300 python3 benchmarks/megatron_gpu.py --gpus 2 --layouts tp2 --model qwen2.5-0.5b --model-dir $MODELS \
+         $MEGATRON $TP2_COMPILE --tokens-per-step 65536 --steps 5 --warmup 3 $prof --out "$OUT/$stage-0.5b.json"
+         grep -h "^tp2" "$OUT/$stage.log" ;;
   tp2-1.5b) save_model qwen2.5-1.5b; run tp2-1.5b 400 python3 benchmarks/megatron_gpu.py --gpus 2 --layouts tp2 dp2 --model qwen2.5-1.5b \
          --model-dir $MODELS $MEGATRON $TP2_COMPILE --overlap-grad-reduce --tokens-per-step 262144 --steps 3 --warmup 2 \
          --out "$OUT/tp2-1.5b.json"; grep -h "^tp2\|^dp2" "$OUT/tp2-1.5b.log" ;;
