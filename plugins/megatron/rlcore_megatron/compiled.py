@@ -14,7 +14,12 @@ code around it eager and adds a graph boundary. Two things in a Megatron layer b
   ``linear_with_grad_accumulation_and_async_allreduce``) unless ``CUDA_DEVICE_MAX_CONNECTIONS=1``. Once is
   enough: the first compiled call breaks there, and the layer code around it stays eager for good (a TP=2
   step of the 0.5B shape on 2 x H200 hit dynamo's recompile limit in the linears, tracing each one
-  alone). :func:`_warn_about_max_connections_now` gives the same warning eagerly and sets the flag.
+  alone). :func:`_warn_about_max_connections_now` gives the same warning eagerly and sets the flag;
+* in training, the same column-parallel linears all-reduce their input's gradient with ``async_op=True``
+  (to overlap the weight-gradient matmul, which needs ``CUDA_DEVICE_MAX_CONNECTIONS=1``), which dynamo
+  cannot trace: every such linear was a graph break in the forward (a TP=2 layer ran as ~8 graphs on
+  2 x H200). :func:`_sum_input_grads_in_graph` switches them to megatron-core's other path for the same
+  sum, ``copy_to_tensor_model_parallel_region`` (a synchronous all-reduce in the backward, traced).
 """
 
 from __future__ import annotations
@@ -31,7 +36,18 @@ def compile_layers(module: torch.nn.Module) -> None:
     _resolve_default_tp_group_quietly()
     _warn_about_max_connections_now()
     for layer in module.decoder.layers:
+        _sum_input_grads_in_graph(layer)
         layer.compile(dynamic=True)
+
+
+def _sum_input_grads_in_graph(layer: torch.nn.Module) -> None:
+    from megatron.core.tensor_parallel.layers import ColumnParallelLinear
+
+    for linear in layer.modules():
+        if isinstance(linear, ColumnParallelLinear) and linear.allreduce_dgrad:
+            # ColumnParallelLinear.forward reads this at each call: False (with neither sequence
+            # parallelism nor expert communication) sends the input through copy_to_tensor_model_parallel_region.
+            linear.allreduce_dgrad = False
 
 
 def _warn_about_max_connections_now() -> None:

@@ -339,19 +339,25 @@ def compiled(rank, world, port, qwen, batch, work_dir):
     r["layers"] = len(layers)
     # First: a break that megatron-core makes only once per process (a warning behind a once-flag)
     # still leaves the layers eager for good, so the count must see the very first compiled call.
-    r["graph_breaks"], r["traced_infer"] = _graph_breaks_with_a_traceable_kernel(eng, batch)
+    r["graph_breaks"], r["traced_infer"] = _graph_breaks_with_a_traceable_kernel(
+        lambda: _infer(eng, batch, ("log_probs", "entropy"))
+    )
     r["infer"] = _infer(eng, batch, ("log_probs", "entropy"))
     r["metrics"] = eng.train_step(batch, nll_loss)
     r["export1"] = _export(eng)
+    # Training traces each autograd function's backward too (megatron-core's linears' gradient all-reduce).
+    r["train_graph_breaks"], _ = _graph_breaks_with_a_traceable_kernel(
+        lambda: eng.train_step(batch, nll_loss)
+    )
     _save(r, Path(work_dir), "compiled", rank)
 
 
-def _graph_breaks_with_a_traceable_kernel(engine, batch):
+def _graph_breaks_with_a_traceable_kernel(run):
     """Where dynamo breaks the compiled layers' graphs when the var-len kernel is traceable, as PyTorch's
     flash kernel is on a GPU (the CPU has none: there the per-sequence fallback is a deliberate break).
     The kernel is stood in for by exact causal attention under a block-diagonal mask. Returns the graph
-    break reasons counted over one ``infer`` from a fresh dynamo cache (the engine's first call), and that
-    ``infer``'s outputs."""
+    break reasons counted over ``run()`` from a fresh dynamo cache (first: the engine's first call), and
+    what it returned."""
     import torch
     import torch.nn.functional as F
     from rlcore import varlen_attention as va
@@ -373,7 +379,7 @@ def _graph_breaks_with_a_traceable_kernel(engine, batch):
     try:
         torch._dynamo.reset()
         counters.clear()
-        out = _infer(engine, batch, ("log_probs", "entropy"))
+        out = run()
         return dict(counters["graph_break"]), out
     finally:
         va._kernel_runs, va._kernel_call = saved

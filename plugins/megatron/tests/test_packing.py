@@ -238,6 +238,7 @@ def test_compiled_layers_trace_the_packed_attention(compiled, qwen):
     and the outputs still match HF."""
     for rank in compiled:
         assert rank["graph_breaks"] == {}
+        assert rank["train_graph_breaks"] == {}
     assert_equal_hf(compiled[0]["traced_infer"], qwen)
 
 
