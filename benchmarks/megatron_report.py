@@ -6,7 +6,8 @@ model shape, training tokens/s per GPU of the Megatron engine before and after t
 the FSDP engine beside it, with MFU on each bar. The same for the one-H100 call (:data:`H100_ROWS`,
 ``h100/``: Megatron compiled and eager, then FSDP, on one GPU) into ``h100/tokens_per_s.png``, and for the
 2 x H200 session after the whole-layer compile (:data:`H200X2_ROWS`, ``h200x2/``: each engine run on both
-GPUs at once, independently) into ``h200x2/tokens_per_s.png``.
+GPUs at once, independently) into ``h200x2/tokens_per_s.png``, and its second call (:data:`RUN2_ROWS`)
+into ``h200x2-run2/tokens_per_s.png``.
 
     python benchmarks/megatron_report.py [--dir benchmarks/results/megatron]
 """
@@ -37,16 +38,25 @@ H100_ROWS = {
     ("1.5B", "FSDP"): "h100/seq-1.5b-fsdp.json",
 }
 
-#: The 2 x H200 session (``megatron_h100.sh seq2-*``): each row and its independent re-run, one per GPU.
-H200X2_ROWS = {
-    (shape, f"{engine}, {run}"): f"h200x2/{folder}{prefix}-{shape.lower()}-{suffix}.json"
-    for shape in ("0.5B", "1.5B")
-    for engine, folder, suffix in (
-        ("Megatron TP=1 compiled", "", "megatron-compile"),
-        ("FSDP", "fsdp/", "fsdp"),
-    )
-    for run, prefix in (("GPU 0", "seq"), ("GPU 1", "rerun"))
-}
+
+def seq2_rows(megatron: str, fsdp: str) -> dict:
+    """A ``megatron_h100.sh seq2-*`` call's files (Megatron's under ``megatron``, FSDP's under ``fsdp``):
+    each row and its independent re-run, one per GPU."""
+    return {
+        (shape, f"{engine}, {run}"): f"{folder}{prefix}-{shape.lower()}-{suffix}.json"
+        for shape in ("0.5B", "1.5B")
+        for engine, folder, suffix in (
+            ("Megatron TP=1 compiled", megatron, "megatron-compile"),
+            ("FSDP", fsdp, "fsdp"),
+        )
+        for run, prefix in (("GPU 0", "seq"), ("GPU 1", "rerun"))
+    }
+
+
+#: The 2 x H200 session after the whole-layer compile.
+H200X2_ROWS = seq2_rows("h200x2/", "h200x2/fsdp/")
+#: Its second 2 x H200 call: Megatron keeping the head's logits, rotary once per micro-batch, half the cores each.
+RUN2_ROWS = seq2_rows("h200x2-run2/", "h200x2-run2/")
 
 
 def main() -> None:
@@ -65,6 +75,12 @@ def main() -> None:
         H200X2_ROWS,
         "Megatron (whole-layer compile) vs FSDP, each on both GPUs of a 2 x H200 host",
         folder / "h200x2" / "tokens_per_s.png",
+    )
+    chart(
+        folder,
+        RUN2_ROWS,
+        "Megatron (logits kept, rotary once) vs FSDP, each on both GPUs of a 2 x H200 host",
+        folder / "h200x2-run2" / "tokens_per_s.png",
     )
 
 
