@@ -1,7 +1,7 @@
 """``megatron.compile``: each decoder layer through ``torch.compile``, traced whole.
 
 A compiled layer is worth most when dynamo traces all of it into one graph: every graph break leaves the
-code around it eager and adds a graph boundary. Two things in a Megatron layer broke it:
+code around it eager and adds a graph boundary. These broke it in a Megatron layer:
 
 * rlcore's packed attention used to be excluded (it is traced now: ``rlcore_megatron.attention``);
 * megatron-core's row-parallel linears (the attention's output projection and the MLP's second one) pass
@@ -14,18 +14,16 @@ code around it eager and adds a graph boundary. Two things in a Megatron layer b
   ``linear_with_grad_accumulation_and_async_allreduce``) unless ``CUDA_DEVICE_MAX_CONNECTIONS=1``. Once is
   enough: the first compiled call breaks there, and the layer code around it stays eager for good (a TP=2
   step of the 0.5B shape on 2 x H200 hit dynamo's recompile limit in the linears, tracing each one
-  alone). :func:`_warn_about_max_connections_now` gives the same warning eagerly and sets the flag;
-* in training, the same column-parallel linears all-reduce their input's gradient with ``async_op=True``
-  (to overlap the weight-gradient matmul, which needs ``CUDA_DEVICE_MAX_CONNECTIONS=1``), which dynamo
-  cannot trace: every such linear was a graph break in the forward (a TP=2 layer ran as ~8 graphs on
-  2 x H200). :func:`_sum_input_grads_in_graph` switches them to megatron-core's other path for the same
-  sum, ``copy_to_tensor_model_parallel_region`` (a synchronous all-reduce in the backward, traced).
+  alone);
+* in training, the same linears all-reduce their input's gradient with ``async_op=True`` (to overlap the
+  weight-gradient matmul, the overlap that warning is about), which dynamo cannot trace: every such linear
+  was a graph break in the forward (a TP=2 layer ran as ~8 graphs on 2 x H200).
+  :func:`_sum_input_grads_in_graph` switches the compiled layers' linears to megatron-core's other path for
+  the same sum, ``copy_to_tensor_model_parallel_region`` (a synchronous all-reduce in the backward, traced),
+  where the warning's advice does not apply, so :func:`_skip_max_connections_warning` sets its flag.
 """
 
 from __future__ import annotations
-
-import os
-import warnings
 
 import torch
 from megatron.core import parallel_state
@@ -34,7 +32,7 @@ from megatron.core import parallel_state
 def compile_layers(module: torch.nn.Module) -> None:
     """``torch.compile`` (dynamic shapes) every decoder layer of megatron-core's ``module``, in place."""
     _resolve_default_tp_group_quietly()
-    _warn_about_max_connections_now()
+    _skip_max_connections_warning()
     for layer in module.decoder.layers:
         _sum_input_grads_in_graph(layer)
         layer.compile(dynamic=True)
@@ -50,22 +48,11 @@ def _sum_input_grads_in_graph(layer: torch.nn.Module) -> None:
             linear.allreduce_dgrad = False
 
 
-def _warn_about_max_connections_now() -> None:
+def _skip_max_connections_warning() -> None:
     from megatron.core.tensor_parallel import layers
 
-    linear = layers.linear_with_grad_accumulation_and_async_allreduce
-    if linear.warned:
-        return
-    if (
-        parallel_state.get_tensor_model_parallel_world_size() > 1
-        and os.environ.get("CUDA_DEVICE_MAX_CONNECTIONS") != "1"
-    ):
-        warnings.warn(
-            "megatron-core (tensor parallelism): set the environment variable CUDA_DEVICE_MAX_CONNECTIONS=1 "
-            "for its gradient all-reduces to overlap the weight-gradient matmuls",
-            stacklevel=3,
-        )
-    linear.warned = True
+    # Only this once-flag guards the warning; the layers no longer take the async path it is about.
+    layers.linear_with_grad_accumulation_and_async_allreduce.warned = True
 
 
 def _resolve_default_tp_group_quietly() -> None:
