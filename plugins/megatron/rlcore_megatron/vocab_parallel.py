@@ -104,23 +104,34 @@ def log_probs_and_entropy(
     return log_probs, entropy
 
 
-def _combine(local: torch.Tensor, group) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """Each rank's slice statistics ``local [3, c]`` (``lse_r``, the slice's expected logit ``E_r[z]``
-    under its own softmax, the target's logit where the rank holds it else 0) -> the whole vocabulary's
-    ``(log_probs, entropy, lse)`` ``[c]`` each: one all-gather of ``[3, c]`` per chunk.
+def slice_statistics(logits: torch.Tensor, local: torch.Tensor, temperature: float, stats) -> torch.Tensor:
+    """One rank's statistics ``[3, c]`` of its slice ``logits [c, v]`` (``v >= 1`` real rows): ``lse_r``, the
+    slice's expected logit ``E_r[z]`` under its own softmax, and the target's logit where ``local [c]``
+    (the target's row in the slice) lies in ``[0, v)``, else 0; ``z = logits / temperature``. ``stats``:
+    ``rlcore.logits.slice_kernels``' first function."""
+    here = (local >= 0) & (local < logits.shape[-1])
+    log_probs, entropy, lse = stats(logits, local.clamp(0, logits.shape[-1] - 1), temperature)
+    return torch.stack([lse, lse - entropy, torch.where(here, log_probs + lse, 0.0)])
 
-    ``lse = logsumexp_r lse_r``; the softmax mass on slice ``r`` is ``w_r = exp(lse_r - lse)``, so
-    ``E[z] = sum_r w_r E_r[z]`` and ``H = lse - E[z]``."""
-    if group is None:
-        lse_r, ez_r, zt_r = local.unsqueeze(1).unbind(0)
-    else:
-        tp = dist.get_world_size(group)
-        gathered = local.new_empty(tp * local.shape[0], local.shape[1])  # ranks along dim 0 (gloo's form)
-        dist.all_gather_into_tensor(gathered, local.contiguous(), group=group)
-        lse_r, ez_r, zt_r = gathered.view(tp, *local.shape).unbind(1)  # [tp, c] each
+
+def combine_slices(stats: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """Every rank's :func:`slice_statistics`, ``[tp, 3, c]`` -> the whole vocabulary's ``(log_probs,
+    entropy, lse)`` ``[c]`` each: ``lse = logsumexp_r lse_r``; the softmax mass on slice ``r`` is
+    ``w_r = exp(lse_r - lse)``, so ``E[z] = sum_r w_r E_r[z]`` and ``H = lse - E[z]``."""
+    lse_r, ez_r, zt_r = stats.unbind(1)  # [tp, c] each
     lse = torch.logsumexp(lse_r, 0)
     expected = (torch.exp(lse_r - lse) * ez_r).sum(0)
     return zt_r.sum(0) - lse, lse - expected, lse
+
+
+def _gather(local: torch.Tensor, group) -> torch.Tensor:
+    """``local [3, c]`` from every rank of ``group`` -> ``[tp, 3, c]`` (one all-gather)."""
+    if group is None:
+        return local.unsqueeze(0)
+    tp = dist.get_world_size(group)
+    gathered = local.new_empty(tp * local.shape[0], local.shape[1])  # ranks along dim 0 (gloo's form)
+    dist.all_gather_into_tensor(gathered, local.contiguous(), group=group)
+    return gathered.view(tp, *local.shape)
 
 
 class _VocabSliceLogProbs(torch.autograd.Function):
@@ -139,15 +150,14 @@ class _VocabSliceLogProbs(torch.autograd.Function):
         log_probs = hidden.new_empty(hidden.shape[0], dtype=out_dtype)
         entropy, lse = torch.empty_like(log_probs), torch.empty_like(log_probs)
         for s in range(0, hidden.shape[0], chunk):
-            h, t, at = hidden[s : s + chunk], local[s : s + chunk], here[s : s + chunk]
+            h = hidden[s : s + chunk]
             if weight.shape[0]:
-                lp_r, ent_r, lse_r = stats(F.linear(h, weight), t.clamp(0, weight.shape[0] - 1), temperature)
-                slice_stats = torch.stack([lse_r, lse_r - ent_r, torch.where(at, lp_r + lse_r, 0.0)])
+                mine = slice_statistics(F.linear(h, weight), local[s : s + chunk], temperature, stats)
             else:  # a rank holding only padding rows: no probability mass
-                slice_stats = torch.zeros(3, h.shape[0], dtype=out_dtype, device=h.device)
-                slice_stats[0] = float("-inf")
-            log_probs[s : s + chunk], entropy[s : s + chunk], lse[s : s + chunk] = _combine(
-                slice_stats, group
+                mine = torch.zeros(3, h.shape[0], dtype=out_dtype, device=h.device)
+                mine[0] = float("-inf")
+            log_probs[s : s + chunk], entropy[s : s + chunk], lse[s : s + chunk] = combine_slices(
+                _gather(mine, group)
             )
         ctx.save_for_backward(hidden, weight, torch.where(here, local, -1), lse, entropy)
         ctx.temperature, ctx.chunk, ctx.compiled = temperature, chunk, compiled

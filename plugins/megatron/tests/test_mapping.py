@@ -9,11 +9,17 @@ from __future__ import annotations
 import pytest
 import torch
 from rlcore.api import Batch
+from rlcore.logits import slice_kernels
 from rlcore_megatron.architecture import model_shape
 from rlcore_megatron.config import MegatronConfig
 from rlcore_megatron.convert import param_maps, shard, to_hf, to_mcore, unshard
 from rlcore_megatron.sequences import left_align, micro_batches, response_columns, restore
-from rlcore_megatron.vocab_parallel import log_probs_and_entropy
+from rlcore_megatron.vocab_parallel import (
+    chunked_log_probs_and_entropy,
+    combine_slices,
+    log_probs_and_entropy,
+    slice_statistics,
+)
 from transformers import LlamaConfig, Qwen2Config
 
 
@@ -225,6 +231,65 @@ def test_log_probs_gradient_matches_autograd_of_the_reference():
     ref = torch.log_softmax(logits, -1)
     (ref.gather(-1, targets.unsqueeze(-1)).sum() - 0.1 * (ref.exp() * ref).sum()).backward()
     torch.testing.assert_close(ours, logits.grad)
+
+
+def test_vocabulary_slices_combine_to_the_whole_softmax_and_its_gradient():
+    """The TP head's split, without processes: two ranks' slices of float64 logits (the second ending in
+    padding rows) -> per-slice statistics -> combined, against ``log_softmax`` of the whole; each slice's
+    gradient (from the combined ``lse`` and entropy, the target's one-hot only where the slice holds it)
+    against autograd of the reference, at a temperature."""
+    torch.manual_seed(2)
+    temperature, real = 0.7, 37  # vocabulary 37 in two slices of 20 rows (the second ends in 3 padding)
+    logits = torch.randn(6, 40, dtype=torch.float64)
+    targets = torch.tensor([0, 5, 19, 20, 36, 27])  # both slices, their edges
+    stats, grad_logits = slice_kernels(compiled=False)
+    slices = [(0, 20), (20, real)]  # each rank's real rows
+    per_slice = [slice_statistics(logits[:, a:b], targets - a, temperature, stats) for a, b in slices]
+    log_probs, entropy, lse = combine_slices(torch.stack(per_slice))
+
+    z = (logits[:, :real] / temperature).requires_grad_()
+    ref = torch.log_softmax(z, -1)
+    ref_lp, ref_ent = ref.gather(-1, targets.unsqueeze(-1)).squeeze(-1), -(ref.exp() * ref).sum(-1)
+    torch.testing.assert_close(log_probs, ref_lp.detach(), rtol=0, atol=1e-12)
+    torch.testing.assert_close(entropy, ref_ent.detach(), rtol=0, atol=1e-12)
+    torch.testing.assert_close(lse, torch.logsumexp(z.detach(), -1), rtol=0, atol=1e-12)
+
+    g_lp, g_ent = torch.randn(6, dtype=torch.float64), torch.randn(6, dtype=torch.float64)
+    (ref_lp * g_lp + ref_ent * g_ent).sum().backward()
+    want = z.grad / temperature  # d/dlogits
+    local = [torch.where((targets >= a) & (targets < b), targets - a, -1) for a, b in slices]
+    got = torch.cat(
+        [
+            grad_logits(logits[:, a:b], t, lse, entropy, g_lp, g_ent, temperature)
+            for (a, b), t in zip(slices, local, strict=True)
+        ],
+        -1,
+    )
+    torch.testing.assert_close(got, want, rtol=0, atol=1e-12)
+    assert want.abs().max() > 0.1  # not vacuous
+
+
+def test_chunked_head_on_one_rank_matches_float64_autograd():
+    """:func:`chunked_log_probs_and_entropy` (no group: the whole vocabulary is one slice, padded) in
+    chunks of 4 tokens: values and the gradients of hidden state and weight against float64 autograd."""
+    torch.manual_seed(3)
+    hidden = torch.randn(2, 5, 8, dtype=torch.float64, requires_grad=True)
+    weight = torch.randn(24, 8, dtype=torch.float64, requires_grad=True)  # 21 real rows, 3 padding
+    targets = torch.randint(0, 21, (2, 5))
+    lp, ent = chunked_log_probs_and_entropy(
+        hidden, weight, targets, chunk_tokens=4, vocab_start=0, vocab_size=21, temperature=1.3
+    )
+    (lp.sum() + 0.3 * ent.sum()).backward()
+    ours = hidden.grad.clone(), weight.grad.clone()
+    hidden.grad = weight.grad = None
+    ref = torch.log_softmax(torch.nn.functional.linear(hidden, weight[:21]) / 1.3, -1)
+    ref_lp, ref_ent = ref.gather(-1, targets.unsqueeze(-1)).squeeze(-1), -(ref.exp() * ref).sum(-1)
+    torch.testing.assert_close(lp, ref_lp.detach(), rtol=0, atol=1e-12)
+    torch.testing.assert_close(ent, ref_ent.detach(), rtol=0, atol=1e-12)
+    (ref_lp.sum() + 0.3 * ref_ent.sum()).backward()
+    torch.testing.assert_close(ours[0], hidden.grad, rtol=0, atol=1e-12)
+    torch.testing.assert_close(ours[1], weight.grad, rtol=0, atol=1e-12)
+    assert ours[1][21:].abs().max() == 0  # padding rows get no gradient
 
 
 def test_config_validates_its_fields():
