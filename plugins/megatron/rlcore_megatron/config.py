@@ -72,15 +72,16 @@ class MegatronConfig:
     #: so a micro-batch's ``[tokens, V/tp]`` logits never exist at once (they are most of the activation
     #: memory of a small model with a large vocabulary). At tensor-parallel size 1 this is rlcore's fused
     #: head (``rlcore.logits``, the FSDP engine's: one autograd function, its elementwise work compiled with
-    #: ``compile``); with TP each rank's vocabulary slice is checkpointed per chunk. ``null``: the whole
-    #: micro-batch at once, as megatron-core's output layer computes it.
+    #: ``compile``); with TP the same kernels on each rank's vocabulary slice, whose statistics the ranks
+    #: combine with one all-gather per chunk. ``null``: the whole micro-batch at once, as megatron-core's
+    #: output layer computes it.
     logits_chunk_size: int | None = attrs.field(default=None, validator=_positive)
     #: With ``logits_chunk_size`` at tensor-parallel size 1: recompute each chunk's logits in the backward
     #: (least memory) or, false, keep them from the forward (one ``[tokens, V]`` projection less per
     #: micro-batch, for the memory of the logits), as ``fsdp.recompute_logits``. The vocabulary-parallel
     #: head (TP > 1) always recomputes its chunks.
     recompute_logits: bool = True
-    #: ``torch.compile`` each decoder layer (dynamic shapes), as ``fsdp.compile`` does, and (TP=1 with
+    #: ``torch.compile`` each decoder layer (dynamic shapes), as ``fsdp.compile`` does, and (with
     #: ``logits_chunk_size``) the head's vocabulary-wide elementwise work: Megatron's distributed-optimizer
     #: and gradient hooks stay outside the compiled code. The first steps pay the compile time (each new
     #: micro-batch shape may recompile once); worth it for long runs on a GPU.
