@@ -155,47 +155,81 @@ class _LinearLogProbs(torch.autograd.Function):
     @staticmethod
     def backward(ctx, g_lp, g_ent):
         hidden, weight, bias, targets, lse, entropy = ctx.saved_tensors
-        temperature, chunk = ctx.temperature, ctx.chunk
         _, grad_logits = _kernels(ctx.compiled)
-        g_lp = torch.zeros_like(lse) if g_lp is None else g_lp
-        g_ent = torch.zeros_like(lse) if g_ent is None else g_ent
-        need_h, need_w, need_b = ctx.needs_input_grad[:3]
-        grad_hidden = torch.empty_like(hidden) if need_h else None
-        acc = torch.promote_types(weight.dtype, torch.float32)
-        grad_weight = torch.zeros(weight.shape, dtype=acc, device=weight.device) if need_w else None
-        grad_bias = torch.zeros(bias.shape, dtype=acc, device=bias.device) if need_b else None
-        for k, s in enumerate(range(0, hidden.shape[0], chunk)):
-            h = hidden[s : s + chunk]
-            if ctx.logits is None:
-                logits = F.linear(h, weight, bias)
-            else:
-                logits, ctx.logits[k] = ctx.logits[k], None
-            grad = grad_logits(
-                logits,
-                targets[s : s + chunk],
-                lse[s : s + chunk],
-                entropy[s : s + chunk],
-                g_lp[s : s + chunk],
-                g_ent[s : s + chunk],
-                temperature,
-            )  # [c, V]
-            del logits
-            if need_h:
-                grad_hidden[s : s + chunk] = grad @ weight
-            if need_w:
-                grad_weight += (grad.t() @ h).to(acc)
-            if need_b:
-                grad_bias += grad.sum(0, dtype=acc)
-        return (
-            grad_hidden,
-            None if grad_weight is None else grad_weight.to(weight.dtype),
-            None if grad_bias is None else grad_bias.to(bias.dtype),
-            None,
-            None,
-            None,
-            None,
-            None,
+        kept, ctx.logits = ctx.logits, None
+        grads = chunked_head_grads(
+            hidden,
+            weight,
+            bias,
+            targets,
+            lse,
+            entropy,
+            g_lp,
+            g_ent,
+            ctx.temperature,
+            ctx.chunk,
+            grad_logits,
+            ctx.needs_input_grad[:3],
+            kept,
         )
+        return (*grads, None, None, None, None, None)
+
+
+def chunked_head_grads(
+    hidden,
+    weight,
+    bias,
+    targets,
+    lse,
+    entropy,
+    g_lp,
+    g_ent,
+    temperature,
+    chunk,
+    grad_logits,
+    needs,
+    kept=None,
+):
+    """The backward of a chunked head, shared by :class:`_LinearLogProbs` and the Megatron engine's
+    vocabulary-slice head: per chunk the logits ``F.linear(hidden, weight, bias)`` (or the next of
+    ``kept``, each freed once used), ``grad_logits(...) [c, V]``, then the matmuls for whichever of
+    ``(hidden, weight, bias)`` ``needs`` marks: ``(grad_hidden [M, H], grad_weight [V, H], grad_bias [V])``,
+    None where not needed; weight and bias gradients summed over chunks in at least fp32. ``g_lp``/``g_ent``
+    ``[M]`` may be None (that output unused)."""
+    g_lp = torch.zeros_like(lse) if g_lp is None else g_lp
+    g_ent = torch.zeros_like(lse) if g_ent is None else g_ent
+    need_h, need_w, need_b = needs
+    grad_hidden = torch.empty_like(hidden) if need_h else None
+    acc = torch.promote_types(weight.dtype, torch.float32)
+    grad_weight = torch.zeros(weight.shape, dtype=acc, device=weight.device) if need_w else None
+    grad_bias = torch.zeros(bias.shape, dtype=acc, device=bias.device) if need_b else None
+    for k, s in enumerate(range(0, hidden.shape[0], chunk)):
+        h = hidden[s : s + chunk]
+        if kept is None:
+            logits = F.linear(h, weight, bias)
+        else:
+            logits, kept[k] = kept[k], None
+        grad = grad_logits(
+            logits,
+            targets[s : s + chunk],
+            lse[s : s + chunk],
+            entropy[s : s + chunk],
+            g_lp[s : s + chunk],
+            g_ent[s : s + chunk],
+            temperature,
+        )  # [c, V]
+        del logits
+        if need_h:
+            grad_hidden[s : s + chunk] = grad @ weight
+        if need_w:
+            grad_weight += (grad.t() @ h).to(acc)
+        if need_b:
+            grad_bias += grad.sum(0, dtype=acc)
+    return (
+        grad_hidden,
+        None if grad_weight is None else grad_weight.to(weight.dtype),
+        None if grad_bias is None else grad_bias.to(bias.dtype),
+    )
 
 
 def linear_log_probs(

@@ -15,7 +15,7 @@ from __future__ import annotations
 import torch
 import torch.distributed as dist
 import torch.nn.functional as F
-from rlcore.logits import slice_kernels
+from rlcore.logits import chunked_head_grads, slice_kernels
 
 
 class _SumOverGroup(torch.autograd.Function):
@@ -166,32 +166,28 @@ class _VocabSliceLogProbs(torch.autograd.Function):
     @staticmethod
     def backward(ctx, g_lp, g_ent):
         hidden, weight, local, lse, entropy = ctx.saved_tensors
-        chunk = ctx.chunk
-        _, grad_logits = slice_kernels(ctx.compiled)
-        g_lp = torch.zeros_like(lse) if g_lp is None else g_lp
-        g_ent = torch.zeros_like(lse) if g_ent is None else g_ent
         need_h, need_w = ctx.needs_input_grad[:2]
-        grad_hidden = torch.zeros_like(hidden) if need_h else None
-        acc = torch.promote_types(weight.dtype, torch.float32)
-        grad_weight = torch.zeros(weight.shape, dtype=acc, device=weight.device) if need_w else None
-        if weight.shape[0]:
-            for s in range(0, hidden.shape[0], chunk):
-                h = hidden[s : s + chunk]
-                cut = slice(s, s + chunk)
-                grad = grad_logits(
-                    F.linear(h, weight),
-                    local[cut],
-                    lse[cut],
-                    entropy[cut],
-                    g_lp[cut],
-                    g_ent[cut],
-                    ctx.temperature,
-                )  # [c, v]
-                if need_h:
-                    grad_hidden[cut] = grad @ weight
-                if need_w:
-                    grad_weight += (grad.t() @ h).to(acc)
-        grad_weight = None if grad_weight is None else grad_weight.to(weight.dtype)
+        if not weight.shape[0]:  # only padding rows here: this rank's part of every gradient is zero
+            return (
+                (torch.zeros_like(hidden) if need_h else None),
+                (torch.zeros_like(weight) if need_w else None),
+                *[None] * 6,
+            )
+        _, grad_logits = slice_kernels(ctx.compiled)
+        grad_hidden, grad_weight, _ = chunked_head_grads(
+            hidden,
+            weight,
+            None,
+            local,
+            lse,
+            entropy,
+            g_lp,
+            g_ent,
+            ctx.temperature,
+            ctx.chunk,
+            grad_logits,
+            (need_h, need_w, False),
+        )
         return grad_hidden, grad_weight, None, None, None, None, None, None
 
 
