@@ -40,6 +40,7 @@ CPU smoke test (a two-layer model, gloo, a few tiny steps)::
 from __future__ import annotations
 
 import argparse
+import contextlib
 import gc
 import json
 import os
@@ -361,7 +362,20 @@ def main(argv=None) -> None:
     if args.profile:
         Path(args.profile).mkdir(parents=True, exist_ok=True)
     platform = get_platform(args.device)
-    folder = Path(args.model_dir or tempfile.mkdtemp(prefix="fsdp-bench-"))
+    # A temp folder of random models (GBs at 7B) is removed after the run; --model-dir keeps them.
+    with contextlib.ExitStack() as stack:
+        folder = Path(
+            args.model_dir or stack.enter_context(tempfile.TemporaryDirectory(prefix="fsdp-bench-"))
+        )
+        rows = _run_all(args, platform, folder)
+    print_table(rows)
+    result = {"environment": environment(platform), "args": vars(args), "results": rows}
+    Path(args.out).write_text(json.dumps(result, indent=2))
+    print(f"wrote {args.out}")
+
+
+def _run_all(args, platform, folder: Path) -> list[dict]:
+    """Every model x GPU-count run; one row per system."""
     rows = []
     for model_name in args.models:
         path = save_random_model(model_name, folder, platform.set_device(0))
@@ -375,10 +389,7 @@ def main(argv=None) -> None:
                     worker, args=(world, free_port(), args, model_name, str(path), part.name), nprocs=world
                 )
                 rows += json.loads(Path(part.name).read_text())
-    print_table(rows)
-    result = {"environment": environment(platform), "args": vars(args), "results": rows}
-    Path(args.out).write_text(json.dumps(result, indent=2))
-    print(f"wrote {args.out}")
+    return rows
 
 
 if __name__ == "__main__":
