@@ -62,11 +62,10 @@ from rlcore_megatron.parallel import (
 from rlcore_megatron.sequences import (
     Aligned,
     Packed,
-    left_align,
     micro_batch_rows,
-    pack,
     response_columns,
     restore,
+    to_device,
 )
 from rlcore_megatron.vocab_parallel import chunked_log_probs_and_entropy, log_probs_and_entropy
 
@@ -285,12 +284,10 @@ class MegatronEngine(TrainEngine):
         multiple = self.layout.tp_size if self.tf_config.sequence_parallel else 1
         out = []
         for mb in batches:
-            mb = Batch({k: v.to(self.device) for k, v in mb.tensors.items()}, mb.objects, mb.meta)
-            aligned = left_align(mb["input_ids"], mb["attention_mask"], multiple)
-            if self.rotary is None:
+            mb, aligned, packed = to_device(mb, self.device, multiple, packed=self.rotary is not None)
+            if packed is None:
                 out.append(_Micro(mb, aligned))
                 continue
-            packed = pack(aligned)
             # Once per micro-batch, for every layer of this stage (rlcore_megatron.attention says why).
             rotary = self.rotary(packed.position_ids[0], packed.max_seqlen, self.dtype)
             out.append(_Micro(mb, aligned, packed, rotary))

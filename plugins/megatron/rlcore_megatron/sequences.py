@@ -36,6 +36,14 @@ class Aligned:
         nxt[:, :-1] = self.tokens[:, 1:]
         return nxt
 
+    def to(self, device: torch.device) -> Aligned:
+        return Aligned(
+            tokens=self.tokens.to(device),
+            lead=self.lead.to(device),
+            lengths=self.lengths.to(device),
+            width=self.width,
+        )
+
 
 def left_align(input_ids: torch.Tensor, attention_mask: torch.Tensor, multiple: int = 1) -> Aligned:
     """Shift each row of ``input_ids [b, S]`` so that its real tokens (``attention_mask`` 1) start at 0.
@@ -89,6 +97,16 @@ class Packed:
         nxt[0, torch.where(cu[1:] > cu[:-1], cu[1:] - 1, last)] = 0
         return nxt
 
+    def to(self, device: torch.device) -> Packed:
+        """The device tensors on ``device``; ``cu_seqlens_host`` stays where it is (the host)."""
+        return Packed(
+            tokens=self.tokens.to(device),
+            position_ids=self.position_ids.to(device),
+            cu_seqlens=self.cu_seqlens.to(device, copy=True),  # never the host copy itself
+            max_seqlen=self.max_seqlen,
+            cu_seqlens_host=self.cu_seqlens_host,
+        )
+
     def unpack(self, values: torch.Tensor, aligned: Aligned) -> torch.Tensor:
         """``values [1, T, ...]`` on packed positions -> ``[b, L, ...]`` on ``aligned`` positions (positions
         past a row's length hold values of other rows: :func:`restore` drops them). Differentiable."""
@@ -99,7 +117,7 @@ class Packed:
 
 
 def pack(aligned: Aligned) -> Packed:
-    """Pack the real tokens of ``aligned``'s rows into one row (one host sync, for the lengths)."""
+    """Pack the real tokens of ``aligned``'s rows into one row (on a device: one sync, for the lengths)."""
     lengths = aligned.lengths
     device = aligned.tokens.device
     host = [0, *lengths.tolist()]
@@ -120,6 +138,18 @@ def pack(aligned: Aligned) -> Packed:
         max_seqlen=longest,
         cu_seqlens_host=cu_host,
     )
+
+
+def to_device(
+    batch: Batch, device: torch.device, multiple: int = 1, packed: bool = False
+) -> tuple[Batch, Aligned, Packed | None]:
+    """One micro-batch's tensors and model inputs on ``device``: :func:`left_align` (and :func:`pack`) run
+    where ``batch`` is (the host, as the controller sends it), and their results are moved. Their checks
+    and lengths are host values there; on the device, each read was a sync (four per micro-batch),
+    leaving the device idle between micro-batches at the start of every step."""
+    aligned = left_align(batch["input_ids"], batch["attention_mask"], multiple)
+    packed_rows = pack(aligned).to(device) if packed else None
+    return batch.to(device), aligned.to(device), packed_rows
 
 
 def restore(values: torch.Tensor, aligned: Aligned) -> torch.Tensor:

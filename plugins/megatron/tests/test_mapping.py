@@ -13,7 +13,13 @@ from rlcore.logits import slice_kernels
 from rlcore_megatron.architecture import model_shape
 from rlcore_megatron.config import MegatronConfig
 from rlcore_megatron.convert import param_maps, shard, to_hf, to_mcore, unshard
-from rlcore_megatron.sequences import left_align, micro_batches, response_columns, restore
+from rlcore_megatron.sequences import (
+    left_align,
+    micro_batches,
+    response_columns,
+    restore,
+    to_device,
+)
 from rlcore_megatron.vocab_parallel import (
     chunked_log_probs_and_entropy,
     combine_slices,
@@ -193,6 +199,31 @@ def test_left_align_rejects_gaps_inside_a_row():
     ids = torch.tensor([[3, 4, 5]])
     with pytest.raises(ValueError, match="row 0 has padding between real tokens"):
         left_align(ids, torch.tensor([[1, 0, 1]]))
+
+
+@pytest.mark.parametrize("packed", [False, True], ids=["padded", "packed"])
+def test_micro_batch_inputs_reach_the_device_without_reading_it(packed):
+    """The engine's per-micro-batch inputs are built on the host and then moved: on the ``meta`` device,
+    which has no values, any read (a sync on a GPU) raises. The moved values equal those built on the
+    host, and the packed boundaries keep their host copy."""
+    ids = torch.tensor([[0, 0, 5, 6, 7, 0], [1, 2, 3, 4, 0, 0], [0, 0, 0, 9, 8, 0]])
+    mask = (ids != 0).long()
+    mask[1, 0] = 1
+    batch = Batch({"input_ids": ids, "attention_mask": mask})
+    on_meta = to_device(batch, torch.device("meta"), packed=packed)
+    on_host = to_device(batch, torch.device("cpu"), packed=packed)
+    moved = [on_meta[0]["input_ids"], on_meta[1].tokens, on_meta[1].lead, on_meta[1].lengths]
+    assert all(t.is_meta for t in moved)
+    assert on_host[1].lengths.tolist() == [3, 4, 2]
+    if packed:
+        meta, host = on_meta[2], on_host[2]
+        assert meta.tokens.is_meta and meta.cu_seqlens.is_meta and meta.position_ids.is_meta
+        assert meta.cu_seqlens_host.device.type == "cpu" and meta.max_seqlen == host.max_seqlen == 4
+        assert meta.cu_seqlens_host.tolist() == host.cu_seqlens.tolist() == [0, 3, 7, 9]
+        assert host.tokens.tolist() == [[5, 6, 7, 1, 2, 3, 4, 9, 8]]
+        assert host.cu_seqlens.data_ptr() != host.cu_seqlens_host.data_ptr()
+    else:
+        assert on_meta[2] is None and on_host[2] is None
 
 
 def test_response_columns_take_the_prediction_one_before_each_token():
