@@ -29,6 +29,7 @@ from pathlib import Path
 
 import torch
 from rlcore.api import Batch
+from rlcore.controller.balance import balanced_order
 
 SHAPES = {
     "qwen2.5-0.5b": dict(
@@ -138,6 +139,12 @@ def rl_batch(tokens: int, min_len: int, max_len: int, vocab: int, seed: int) -> 
     }
     meta = {"global_tokens": int(mask[:, P:].sum()), "global_sequences": len(lengths)}
     return Batch(tensors, meta=meta), lengths
+
+
+def shard(batch: Batch, world: int, rank: int) -> Batch:
+    """This data-parallel rank's share of a step, split as rlcore's controller splits it (token-balanced)."""
+    order = balanced_order(batch["attention_mask"].sum(-1).tolist(), world)
+    return batch.index(order).chunk(world)[rank]
 
 
 def nll_loss(outputs, micro):

@@ -64,10 +64,10 @@ from _workload import (
     reset_peak_memory,
     rl_batch,
     save_random_model,
+    shard,
     step_flops,
 )
 from rlcore.api import Batch, DistInfo, EngineSpec
-from rlcore.controller.balance import balanced_order
 from rlcore.devices import get_platform
 
 SYSTEMS = (
@@ -187,12 +187,6 @@ def run_system(system, batches: list[Batch], platform) -> list[float]:
         platform.synchronize()
         times.append(time.perf_counter() - start)
     return times
-
-
-def shard(batch: Batch, world: int, rank: int) -> Batch:
-    """This rank's share of a step, split as rlcore's controller splits it (token-balanced)."""
-    order = balanced_order(batch["attention_mask"].sum(-1).tolist(), world)
-    return batch.index(order).chunk(world)[rank]
 
 
 def profile_step(system, batch: Batch, platform, path: str, rank: int) -> None:

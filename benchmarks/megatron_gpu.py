@@ -53,7 +53,16 @@ import _workload
 import torch
 import torch.multiprocessing as mp
 from _profile import profile_call
-from _workload import SHAPES, free_port, nll_loss, peak_memory_gib, reset_peak_memory, rl_batch, step_flops
+from _workload import (
+    SHAPES,
+    free_port,
+    nll_loss,
+    peak_memory_gib,
+    reset_peak_memory,
+    rl_batch,
+    shard,
+    step_flops,
+)
 from rlcore.api import Batch, DistInfo, EngineSpec
 from rlcore.devices import get_platform
 
@@ -120,6 +129,7 @@ def worker(rank: int, world: int, port: int, args, path: str, out: str) -> None:
         engine = MegatronEngine(spec, cfg, platform, info)
         build_s = time.perf_counter() - started
         dp_rank, dp_size = engine.dp_rank_and_size()
+        # Consecutive rows: the report compares the probe's log-probs with HF's row by row.
         result = engine.infer(probe.chunk(dp_size)[dp_rank], ("log_probs", "entropy"))
         if result is not None:  # TP rank 0 of the last stage, one per data-parallel rank
             probes[layout] = (dp_rank, {k: v.float() for k, v in result.tensors.items()})
@@ -128,13 +138,13 @@ def worker(rank: int, world: int, port: int, args, path: str, out: str) -> None:
         for batch, _ in steps:
             platform.synchronize()
             t0 = time.perf_counter()
-            metrics = engine.train_step(batch.chunk(dp_size)[dp_rank], nll_loss)
+            metrics = engine.train_step(shard(batch, dp_size, dp_rank), nll_loss)
             platform.synchronize()
             times.append(time.perf_counter() - t0)
         if args.profile:  # one more step; every rank steps (collectives), rank 0 writes
-            shard = steps[-1][0].chunk(dp_size)[dp_rank]
+            last = shard(steps[-1][0], dp_size, dp_rank)
             where = Path(args.profile) / f"megatron-{args.model}-{layout}.txt"
-            profile_call(functools.partial(engine.train_step, shard, nll_loss), str(where), write=rank == 0)
+            profile_call(functools.partial(engine.train_step, last, nll_loss), str(where), write=rank == 0)
         timed = times[args.warmup :]
         median = statistics.median(timed)
         tokens = statistics.median(sum(lengths) for _, lengths in steps[args.warmup :])

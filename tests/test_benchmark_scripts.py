@@ -28,6 +28,21 @@ def test_fsdp_train_tiny_runs_every_system_on_one_and_two_ranks(tmp_path):
         assert row["tokens_per_s"] > 0 and len(row["step_s"]) == 2
 
 
+def test_megatron_gpu_tiny_runs_each_two_process_layout(tmp_path):
+    """TP=2, DP=2 (each rank its token-balanced shard) and PP=2 on gloo: each a timed row whose probe
+    log-probs are within bf16 tolerance of the fp32 HF model, and the same step's loss (the same batch)."""
+    out = tmp_path / "megatron.json"
+    cmd = [sys.executable, "benchmarks/megatron_gpu.py", "--tiny", "--layouts", "tp2", "dp2", "pp2"]
+    done = subprocess.run([*cmd, "--out", str(out)], cwd=ROOT, capture_output=True, text=True, timeout=900)
+    assert done.returncode == 0, done.stderr[-3000:]
+    rows = json.loads(out.read_text())["results"]
+    assert [r["layout"] for r in rows] == ["tp2", "dp2", "pp2"]
+    for row in rows:
+        assert row["numerics"]["within_bf16_tolerance"], row
+        assert row["tokens_per_s"] > 0 and len(row["step_s"]) == 2
+        assert row["last_loss"] == pytest.approx(rows[0]["last_loss"], rel=1e-3)
+
+
 def test_logits_kernels_smoke_checks_every_variant_against_float64(tmp_path):
     out = tmp_path / "lk.json"
     cmd = [sys.executable, "benchmarks/logits_kernels.py", "--tokens", "48", "--vocab", "300"]

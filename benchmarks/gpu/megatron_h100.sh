@@ -30,6 +30,10 @@
 #   nccl         the GPUs' topology and NCCL all-reduce times at a TP=2 step's sizes (allreduce_probe.py)
 #   seq2-0.5b, seq2-1.5b   seq-* on each of two GPUs at once, independently (GPU 0: seq-*, GPU 1: rerun-*):
 #                the row and its independent re-run from one call
+#   mb32k        micro-batches of 32,768 tokens (0.5B): Megatron TP=1 on GPU 0 alone, then TP=2 on both. At
+#                16,384, TP=2 runs twice TP=1's micro-batches per step (its step holds both GPUs' tokens),
+#                so twice its host work (kernel launches, guards) for the same work per GPU; at 32,768
+#                TP=2 runs TP=1's count. TP=1 at 32,768 too, so that its baseline is no weaker.
 #   tp2, tp2-1.5b and 7b compile Megatron too (COMPILE=0: not)
 set -uo pipefail
 # shellcheck source=benchmarks/gpu/call_lib.sh
@@ -127,6 +131,12 @@ for stage in "$@"; do case $stage in
   tp2-1.5b) save_model qwen2.5-1.5b; run tp2-1.5b 400 python3 benchmarks/megatron_gpu.py --gpus 2 --layouts tp2 dp2 --model qwen2.5-1.5b \
          --model-dir $MODELS $MEGATRON $TP2_COMPILE --overlap-grad-reduce --tokens-per-step 262144 --steps 3 --warmup 2 \
          --out "$OUT/tp2-1.5b.json"; grep -h "^tp2\|^dp2" "$OUT/tp2-1.5b.log" ;;
+  mb32k) save_model qwen2.5-0.5b; big="--max-tokens-per-micro-batch 32768"
+         CUDA_VISIBLE_DEVICES=0 run mb32k-tp1 400 python3 benchmarks/megatron_gpu.py --gpus 1 --layouts tp1 \
+           --model qwen2.5-0.5b --model-dir $MODELS $TP1 $big $(workload qwen2.5-0.5b) --compile --out "$OUT/mb32k-tp1.json"
+         run mb32k-tp2 400 python3 benchmarks/megatron_gpu.py --gpus 2 --layouts tp2 --model qwen2.5-0.5b \
+           --model-dir $MODELS $MEGATRON $big $TP2_COMPILE $(workload qwen2.5-0.5b) --out "$OUT/mb32k-tp2.json"
+         grep -h "^tp1\|^tp2" "$OUT/mb32k-tp1.log" "$OUT/mb32k-tp2.log" ;;
   nccl) nvidia-smi topo -m > "$OUT/topo.txt" 2>&1; cat "$OUT/topo.txt"
         run nccl 120 python3 benchmarks/gpu/allreduce_probe.py --out "$OUT/allreduce.json"; cat "$OUT/nccl.log" ;;
   pack-out) pack_out ;;  # last: everything under $OUT in one archive (a call brings back at most 8 files)
