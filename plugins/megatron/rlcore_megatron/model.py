@@ -60,6 +60,11 @@ def transformer_config(
         perform_initialization=False,
         # Micro-batches differ in length; pipeline stages exchange shapes before activations.
         variable_seq_lengths=True,
+        # megatron-core's default waits for the whole device after every batched send/receive, a
+        # workaround for a batch_isend_irecv race fixed in PyTorch 1.13 (pytorch#82450); waiting on the
+        # requests suffices now, and the device queue is not drained at every pipeline hand-off. (The
+        # shape exchange of variable_seq_lengths still synchronizes in megatron-core 0.16-0.19.)
+        batch_p2p_sync=False,
         moe_token_dispatcher_type="alltoall",
         # The loss function divides by the global token count itself: Megatron must neither divide
         # by the number of micro-batches nor average gradients over data-parallel ranks.

@@ -144,9 +144,9 @@ def to_device(
     batch: Batch, device: torch.device, multiple: int = 1, packed: bool = False
 ) -> tuple[Batch, Aligned, Packed | None]:
     """One micro-batch's tensors and model inputs on ``device``: :func:`left_align` (and :func:`pack`) run
-    where ``batch`` is (the host, as the controller sends it), and their results are moved. Their checks
-    and lengths are host values there; on the device, each read was a sync (four per micro-batch),
-    leaving the device idle between micro-batches at the start of every step."""
+    where ``batch`` is (the host, as the controller sends it), and their results are moved. Their mask
+    check, longest row and lengths are host values there; on a GPU each was a sync (three per
+    micro-batch)."""
     aligned = left_align(batch["input_ids"], batch["attention_mask"], multiple)
     packed_rows = pack(aligned).to(device) if packed else None
     return batch.to(device), aligned.to(device), packed_rows
