@@ -189,8 +189,19 @@ class Batch:
         objects = {k: [x for b in batches for x in b.objects[k]] for k in batches[0].objects}
         return Batch(tensors, objects, batches[0].meta)
 
-    def to(self, device: torch.device | str) -> Batch:
-        return Batch({k: v.to(device) for k, v in self.tensors.items()}, self.objects, self.meta)
+    def to(self, device: torch.device | str, pin: bool = False) -> Batch:
+        """The tensors on ``device`` (see :func:`to_device` for ``pin``)."""
+        tensors = {k: to_device(v, device, pin) for k, v in self.tensors.items()}
+        return Batch(tensors, self.objects, self.meta)
+
+
+def to_device(tensor: torch.Tensor, device: torch.device | str, pin: bool = False) -> torch.Tensor:
+    """``tensor`` on ``device``. ``pin`` stages host tensors through pinned memory (it needs an
+    accelerator): a copy from pageable memory first waits for every kernel already queued, so the host
+    could not prepare the next micro-batch while the device computes this one."""
+    if pin and tensor.device.type == "cpu":
+        return tensor.pin_memory().to(device, non_blocking=True)
+    return tensor.to(device)
 
 
 def _pad_to_common(key: str, batches: list[Batch]) -> list[torch.Tensor]:

@@ -36,13 +36,7 @@ from torch.distributed.tensor import DTensor
 from rlcore_fsdp import attention as varlen_attention
 from rlcore_fsdp.checkpoint import load_sharded, save_sharded, write_atomically, write_hf_folder
 from rlcore_fsdp.config import PACKING_ATTENTION, FSDPConfig
-from rlcore_fsdp.micro_batches import (
-    ModelInputs,
-    build_inputs,
-    equalize,
-    to_device,
-    token_costs,
-)
+from rlcore_fsdp.micro_batches import ModelInputs, build_inputs, equalize, token_costs
 from rlcore_fsdp.model import HeadedModel, load_hf_model, torch_dtype
 from rlcore_fsdp.parallelize import parallelize
 from rlcore_fsdp.schedule import check_schedule, lr_factor
@@ -185,12 +179,7 @@ class FSDPEngine(TrainEngine):
             micro = batch.index(list(part.rows))
             inputs = build_inputs(micro, self.spec.head, self.config.use_remove_padding, anchor=True)
             outputs, anchor = self._forward(inputs.to(self.device, pin=self._pin), len(micro), anchor=True)
-            on_device = Batch(
-                {key: to_device(t, self.device, self._pin) for key, t in micro.tensors.items()},
-                micro.objects,
-                micro.meta,
-            )
-            loss, metrics = loss_fn(outputs, on_device)
+            loss, metrics = loss_fn(outputs, micro.to(self.device, pin=self._pin))
             # Dummy micro-batches and the anchor only keep every rank's collectives in step.
             weight = 0.0 if part.dummy else 1.0
             (loss * weight + 0.0 * anchor).backward()

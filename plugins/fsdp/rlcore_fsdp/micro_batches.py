@@ -17,6 +17,7 @@ from __future__ import annotations
 import attrs
 import torch
 from rlcore.api import Batch
+from rlcore.api.batch import to_device
 
 
 @attrs.frozen
@@ -45,15 +46,6 @@ def equalize(parts: list[list[int]], count: int) -> list[MicroBatch]:
     out = [MicroBatch(tuple(p)) for p in parts]
     out += [MicroBatch((0,), dummy=True)] * (count - len(out))
     return out
-
-
-def to_device(tensor: torch.Tensor, device: torch.device, pin: bool) -> torch.Tensor:
-    """``tensor`` on ``device``. ``pin`` stages host tensors through pinned memory: a copy from pageable
-    memory first waits for every kernel already queued, so the host could not prepare the next
-    micro-batch while the device computes this one."""
-    if pin and tensor.device.type == "cpu":
-        return tensor.pin_memory().to(device, non_blocking=True)
-    return tensor.to(device)
 
 
 @attrs.frozen

@@ -144,6 +144,8 @@ class MegatronEngine(TrainEngine):
                 "this worker's device platform is the CPU; on a CPU machine train with --engine fsdp, or run "
                 "on a GPU machine (trainer.device=auto picks it)"
             )
+        # Inputs go through pinned memory (asynchronous copies) where there is an accelerator to pin for.
+        self._pin = self.device.type != "cpu" and torch.accelerator.is_available()
         self.dtype = param_dtype(spec.dtype)
         self.hf_config = AutoConfig.from_pretrained(spec.model_path)
         self.shape = model_shape(
@@ -284,7 +286,7 @@ class MegatronEngine(TrainEngine):
         multiple = self.layout.tp_size if self.tf_config.sequence_parallel else 1
         out = []
         for mb in batches:
-            mb, aligned, packed = to_device(mb, self.device, multiple, packed=self.rotary is not None)
+            mb, aligned, packed = to_device(mb, self.device, multiple, self.rotary is not None, self._pin)
             if packed is None:
                 out.append(_Micro(mb, aligned))
                 continue

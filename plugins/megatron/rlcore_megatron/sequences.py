@@ -12,6 +12,7 @@ from __future__ import annotations
 import attrs
 import torch
 from rlcore.api import Batch
+from rlcore.api.batch import to_device as tensor_to_device
 from rlcore.micro_batches import plan_micro_batches
 
 
@@ -36,13 +37,12 @@ class Aligned:
         nxt[:, :-1] = self.tokens[:, 1:]
         return nxt
 
-    def to(self, device: torch.device) -> Aligned:
-        return Aligned(
-            tokens=self.tokens.to(device),
-            lead=self.lead.to(device),
-            lengths=self.lengths.to(device),
-            width=self.width,
+    def to(self, device: torch.device, pin: bool = False) -> Aligned:
+        """On ``device`` (``pin``: :func:`rlcore.api.batch.to_device`)."""
+        tokens, lead, lengths = (
+            tensor_to_device(t, device, pin) for t in (self.tokens, self.lead, self.lengths)
         )
+        return Aligned(tokens=tokens, lead=lead, lengths=lengths, width=self.width)
 
 
 def left_align(input_ids: torch.Tensor, attention_mask: torch.Tensor, multiple: int = 1) -> Aligned:
@@ -97,12 +97,14 @@ class Packed:
         nxt[0, torch.where(cu[1:] > cu[:-1], cu[1:] - 1, last)] = 0
         return nxt
 
-    def to(self, device: torch.device) -> Packed:
-        """The device tensors on ``device``; ``cu_seqlens_host`` stays where it is (the host)."""
+    def to(self, device: torch.device, pin: bool = False) -> Packed:
+        """The device tensors on ``device`` (``pin``: :func:`rlcore.api.batch.to_device`);
+        ``cu_seqlens_host`` stays where it is (the host)."""
         return Packed(
-            tokens=self.tokens.to(device),
-            position_ids=self.position_ids.to(device),
-            cu_seqlens=self.cu_seqlens.to(device, copy=True),  # never the host copy itself
+            tokens=tensor_to_device(self.tokens, device, pin),
+            position_ids=tensor_to_device(self.position_ids, device, pin),
+            # A copy even on a CPU: never the host tensor itself (pack() made cu_seqlens one already).
+            cu_seqlens=tensor_to_device(self.cu_seqlens, device, pin),
             max_seqlen=self.max_seqlen,
             cu_seqlens_host=self.cu_seqlens_host,
         )
@@ -141,15 +143,16 @@ def pack(aligned: Aligned) -> Packed:
 
 
 def to_device(
-    batch: Batch, device: torch.device, multiple: int = 1, packed: bool = False
+    batch: Batch, device: torch.device, multiple: int = 1, packed: bool = False, pin: bool = False
 ) -> tuple[Batch, Aligned, Packed | None]:
     """One micro-batch's tensors and model inputs on ``device``: :func:`left_align` (and :func:`pack`) run
     where ``batch`` is (the host, as the controller sends it), and their results are moved. Their mask
     check, longest row and lengths are host values there; on a GPU each was a sync (three per
-    micro-batch)."""
+    micro-batch). ``pin`` (with an accelerator) also makes the copies asynchronous: from pageable memory
+    each would wait for the device."""
     aligned = left_align(batch["input_ids"], batch["attention_mask"], multiple)
-    packed_rows = pack(aligned).to(device) if packed else None
-    return batch.to(device), aligned.to(device), packed_rows
+    packed_rows = pack(aligned).to(device, pin) if packed else None
+    return batch.to(device, pin), aligned.to(device, pin), packed_rows
 
 
 def restore(values: torch.Tensor, aligned: Aligned) -> torch.Tensor:
