@@ -12,6 +12,7 @@ with no token rescaling in :func:`_finalize_grads`).
 
 from __future__ import annotations
 
+import contextlib
 from collections.abc import Iterator, Sequence
 from typing import Any
 
@@ -41,6 +42,7 @@ from rlcore_megatron.compiled import compile_layers
 from rlcore_megatron.config import MegatronConfig
 from rlcore_megatron.convert import param_maps
 from rlcore_megatron.export import hf_named_tensors
+from rlcore_megatron.handoffs import handoff_shape, known_shapes
 from rlcore_megatron.hf_io import HFCheckpoint, load_into, write_hf_folder
 from rlcore_megatron.model import (
     build_stage_model,
@@ -375,15 +377,20 @@ class MegatronEngine(TrainEngine):
 
             return output, loss_func
 
-        return get_forward_backward_func()(
-            forward_step_func=forward_step,
-            data_iterator=iter(micros),
-            model=self.model,
-            num_microbatches=len(micros),
-            seq_length=max(m.model_inputs()[0].shape[1] for m in micros),
-            micro_batch_size=max(m.model_inputs()[0].shape[0] for m in micros),
-            forward_only=forward_only,
-        )
+        inputs = [m.model_inputs()[0].shape for m in micros]
+        shards = self.layout.tp_size if self.tf_config.sequence_parallel else 1
+        # Each stage computes every hand-off's shape: no shape exchange, and no device sync, per hand-off.
+        handoffs = [handoff_shape(shape, self.shape.hidden_size, shards) for shape in inputs]
+        with known_shapes(handoffs) if self.layout.pp_size > 1 else contextlib.nullcontext():
+            return get_forward_backward_func()(
+                forward_step_func=forward_step,
+                data_iterator=iter(micros),
+                model=self.model,
+                num_microbatches=len(micros),
+                seq_length=max(shape[1] for shape in inputs),
+                micro_batch_size=max(shape[0] for shape in inputs),
+                forward_only=forward_only,
+            )
 
     def _require(self, *tags: str) -> None:
         parked = [t for t in tags if self.parking.is_parked(t)]

@@ -58,12 +58,13 @@ def transformer_config(
         # before they move to the device, so no device memory or time goes to a throw-away init.
         use_cpu_initialization=True,
         perform_initialization=False,
-        # Micro-batches differ in length; pipeline stages exchange shapes before activations.
+        # Micro-batches differ in length. megatron-core would exchange each hand-off's shape between
+        # pipeline stages (a device sync each); the engine answers that from its own plan
+        # (rlcore_megatron.handoffs).
         variable_seq_lengths=True,
         # megatron-core's default waits for the whole device after every batched send/receive, a
         # workaround for a batch_isend_irecv race fixed in PyTorch 1.13 (pytorch#82450); waiting on the
-        # requests suffices now, and the device queue is not drained at every pipeline hand-off. (The
-        # shape exchange of variable_seq_lengths still synchronizes in megatron-core 0.16-0.19.)
+        # requests suffices now, and the device queue is not drained at every pipeline hand-off.
         batch_p2p_sync=False,
         moe_token_dispatcher_type="alltoall",
         # The loss function divides by the global token count itself: Megatron must neither divide

@@ -7,6 +7,8 @@ references computed in the pytest process.
 
 from __future__ import annotations
 
+import contextlib
+import sys
 from pathlib import Path
 
 ADAM_EPS = 1e-3
@@ -448,8 +450,10 @@ def world2(rank, world, port, qwen, llama, batches, work_dir):
     eng = _engine(qwen, rank, world, port, pp=2)
     r["pp2_holds"] = eng.holds_output()
     r["pp2_export0"] = _export(eng)
-    r["pp2_infer"] = _infer(eng, b1, ("log_probs", "entropy"))
-    r["pp2_metrics"] = eng.train_step(b1, nll_loss)
+    with _device_syncs() as syncs:
+        r["pp2_infer"] = _infer(eng, b1, ("log_probs", "entropy"))
+        r["pp2_metrics"] = eng.train_step(b1, nll_loss)
+    r["pp2_device_syncs"] = syncs
     r["pp2_export1"] = _export(eng)
     del eng
     mpu.destroy_model_parallel()
@@ -460,6 +464,27 @@ def world2(rank, world, port, qwen, llama, batches, work_dir):
     r["dp2_metrics"] = eng.train_step(b1.chunk(dp_size)[dp_rank], nll_loss)
     r["dp2_export1"] = _export(eng)
     _save(r, work, "world2", rank)
+
+
+@contextlib.contextmanager
+def _device_syncs():
+    """Counts ``torch.cuda.synchronize()`` calls inside (a no-op under the CPU redirect) by caller."""
+    import torch
+
+    calls: dict[str, int] = {}
+    redirected = torch.cuda.synchronize
+
+    def counted(*args, **kwargs):
+        caller = sys._getframe(1)
+        where = f"{caller.f_code.co_filename.rsplit('/', 1)[-1]}:{caller.f_code.co_name}"
+        calls[where] = calls.get(where, 0) + 1
+        return redirected(*args, **kwargs)
+
+    torch.cuda.synchronize = counted
+    try:
+        yield calls
+    finally:
+        torch.cuda.synchronize = redirected
 
 
 def _save(results, work: Path, scenario: str, rank: int) -> None:

@@ -92,3 +92,12 @@ def test_llama_with_padded_vocabulary_split_over_two_ranks(ranks, tiny_llama):
     out = results[0]["tp2_llama_infer"]
     torch.testing.assert_close(out["log_probs"].double()[mask], ref_logp[mask], rtol=0, atol=ATOL)
     torch.testing.assert_close(out["entropy"].double()[mask], ref_entropy[mask], rtol=0, atol=ATOL)
+
+
+def test_pipeline_hand_offs_never_synchronize_the_device(ranks):
+    """PP=2 inference and a training step over micro-batches of different lengths (11 and 9 tokens a row):
+    each stage computes every hand-off's shape (``rlcore_megatron.handoffs``) and waits on its requests
+    only, so megatron-core neither exchanges shapes nor synchronizes the device at a hand-off (the tests
+    above check the outputs against HF)."""
+    results, _ = ranks
+    assert [r["pp2_device_syncs"] for r in results] == [{}, {}]
