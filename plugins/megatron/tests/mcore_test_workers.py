@@ -456,6 +456,13 @@ def world2(rank, world, port, qwen, llama, batches, work_dir):
     r["pp2_device_syncs"] = syncs
     r["pp2_export1"] = _export(eng)
     del eng
+    # One row per micro-batch: four hand-offs each way, of 11, 6, 9 and 5 tokens, in 1F1B's order.
+    eng = _engine(qwen, rank, world, port, pp=2, micro_batch_size=1)
+    with _device_syncs() as syncs:
+        r["pp2_mb1_infer"] = _infer(eng, b1, ("log_probs", "entropy"))
+        r["pp2_mb1_metrics"] = eng.train_step(b1, nll_loss)
+    r["pp2_mb1_device_syncs"] = syncs
+    del eng
     mpu.destroy_model_parallel()
 
     eng = _engine(qwen, rank, world, port)

@@ -94,10 +94,18 @@ def test_llama_with_padded_vocabulary_split_over_two_ranks(ranks, tiny_llama):
     torch.testing.assert_close(out["entropy"].double()[mask], ref_entropy[mask], rtol=0, atol=ATOL)
 
 
-def test_pipeline_hand_offs_never_synchronize_the_device(ranks):
-    """PP=2 inference and a training step over micro-batches of different lengths (11 and 9 tokens a row):
-    each stage computes every hand-off's shape (``rlcore_megatron.handoffs``) and waits on its requests
-    only, so megatron-core neither exchanges shapes nor synchronizes the device at a hand-off (the tests
-    above check the outputs against HF)."""
-    results, _ = ranks
+def test_pipeline_hand_offs_never_synchronize_the_device(ranks, qwen, hf_step):
+    """PP=2 inference and a training step over micro-batches of different lengths (two of 11 and 9 tokens a
+    row; then four single rows of 11, 6, 9 and 5 tokens): each stage computes every hand-off's shape
+    (``rlcore_megatron.handoffs``) and waits on its requests only, so megatron-core neither exchanges
+    shapes nor synchronizes the device at a hand-off, and the results still equal HF's."""
+    results, (b1, _, _) = ranks
     assert [r["pp2_device_syncs"] for r in results] == [{}, {}]
+    assert [r["pp2_mb1_device_syncs"] for r in results] == [{}, {}]
+    ref_logp, _ = hf_response_outputs(qwen, b1)
+    mask = b1["response_mask"].bool()
+    out = results[1]["pp2_mb1_infer"]
+    torch.testing.assert_close(out["log_probs"].double()[mask], ref_logp[mask], rtol=0, atol=ATOL)
+    loss, grad_norm, _ = hf_step
+    assert results[1]["pp2_mb1_metrics"]["loss"] == pytest.approx(loss, abs=ATOL)
+    assert results[1]["pp2_mb1_metrics"]["grad_norm"] == pytest.approx(grad_norm, rel=1e-4)
