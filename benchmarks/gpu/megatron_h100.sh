@@ -27,6 +27,7 @@
 #                the one-GPU kind); the
 #                compiled Megatron run and FSDP each profile one more step (top operators, idle gaps)
 #   rerun-0.5b, rerun-1.5b   seq-* again on the one GPU, named rerun-* (the independent re-run of its rows)
+#   run3-0.5b, run3-1.5b     a third time, named run3-* (a median of three)
 #   nccl         the GPUs' topology and NCCL all-reduce times at a TP=2 step's sizes (allreduce_probe.py)
 #   seq2-0.5b, seq2-1.5b   seq-* on each of two GPUs at once, independently (GPU 0: seq-*, GPU 1: rerun-*):
 #                the row and its independent re-run from one call
@@ -103,7 +104,8 @@ for stage in "$@"; do case $stage in
          CUDA_VISIBLE_DEVICES=1 BENCH_HOST_CPUS=$HALF run $stage-off 500 python3 benchmarks/megatron_gpu.py --gpus 1 --layouts tp1 --model $model \
            --model-dir $MODELS $TP1 $common --out "$OUT/$stage-off.json" &
          wait; grep -h "^tp1" "$OUT/$stage-on.log" "$OUT/$stage-off.log" ;;
-  seq-0.5b|seq-1.5b|rerun-0.5b|rerun-1.5b) model=qwen2.5-${stage#*-}; save_model $model; rows $stage $model ;;
+  seq-0.5b|seq-1.5b|rerun-0.5b|rerun-1.5b|run3-0.5b|run3-1.5b) model=qwen2.5-${stage#*-}; save_model $model
+         rows $stage $model ;;
   seq2-0.5b|seq2-1.5b) model=qwen2.5-${stage#seq2-}; save_model $model
          (export CUDA_VISIBLE_DEVICES=0 BENCH_HOST_CPUS=$HALF; rows seq-${stage#seq2-} $model) &
          (export CUDA_VISIBLE_DEVICES=1 BENCH_HOST_CPUS=$HALF; rows rerun-${stage#seq2-} $model) &

@@ -64,6 +64,7 @@ from rlcore_megatron.parallel import (
 from rlcore_megatron.sequences import (
     Aligned,
     Packed,
+    ResponseTokens,
     micro_batch_rows,
     response_columns,
     restore,
@@ -90,6 +91,7 @@ class _Micro:
     aligned: Aligned
     packed: Packed | None = None
     rotary: tuple[torch.Tensor, torch.Tensor] | None = None
+    response: ResponseTokens | None = None
 
     def model_inputs(self) -> tuple[torch.Tensor, torch.Tensor, PackedSeqParams | None]:
         """``(input_ids, position_ids, packed_seq_params)`` for ``GPTModel``."""
@@ -288,13 +290,14 @@ class MegatronEngine(TrainEngine):
         multiple = self.layout.tp_size if self.tf_config.sequence_parallel else 1
         out = []
         for mb in batches:
-            mb, aligned, packed = to_device(mb, self.device, multiple, self.rotary is not None, self._pin)
-            if packed is None:
-                out.append(_Micro(mb, aligned))
-                continue
-            # Once per micro-batch, for every layer of this stage (rlcore_megatron.attention says why).
-            rotary = self.rotary(packed.position_ids[0], packed.max_seqlen, self.dtype)
-            out.append(_Micro(mb, aligned, packed, rotary))
+            mb, aligned, packed, response = to_device(
+                mb, self.device, multiple, self.rotary is not None, self._pin
+            )
+            rotary = None
+            if packed is not None:
+                # Once per micro-batch, for every layer of this stage (rlcore_megatron.attention says why).
+                rotary = self.rotary(packed.position_ids[0], packed.max_seqlen, self.dtype)
+            out.append(_Micro(mb, aligned, packed, rotary, response))
         return out
 
     def _head_outputs(
@@ -316,49 +319,56 @@ class MegatronEngine(TrainEngine):
                     restore(micro.per_position(output[..., 0].float()), aligned), width
                 )
             }
-        targets = aligned.next_tokens() if micro.packed is None else micro.packed.next_tokens()
         common = dict(
             vocab_size=self.shape.vocab_size,
             group=mpu.get_tensor_model_parallel_group() if self.layout.tp_size > 1 else None,
             temperature=self.spec.temperature,
             with_entropy="entropy" in wanted,
         )
-        # Log-probs where the logits are (packed: no padding rows of vocabulary-wide logits), then placed.
         if self.config.logits_chunk_size is None:
+            # megatron-core's logits, every position: log-probs where the logits are (packed: no padding
+            # rows of vocabulary-wide logits), then placed.
+            targets = aligned.next_tokens() if micro.packed is None else micro.packed.next_tokens()
             vocab_local = output.shape[-1]
             log_probs, entropy = log_probs_and_entropy(
                 output, targets, vocab_start=self.layout.tp_rank * vocab_local, **common
             )
-        elif self.layout.tp_size == 1:  # ``output`` is the hidden state (model.pass_hidden_through)
+            out = {"log_probs": response_columns(restore(micro.per_position(log_probs), aligned), width)}
+            if entropy is not None:
+                out["entropy"] = response_columns(restore(micro.per_position(entropy), aligned), width)
+            return out
+        # ``output`` is the hidden state (model.pass_hidden_through): the head runs only on the positions
+        # that predict response tokens.
+        response = micro.response
+        hidden = output.reshape(-1, output.shape[-1]).index_select(0, response.positions)
+        if self.layout.tp_size == 1:
             # The whole vocabulary here: rlcore's fused head (one autograd function, fp32 statistics, the
             # vocabulary-wide elementwise work compiled with ``megatron.compile``), padded rows cut off.
-            weight = output_weight(self.module)[: self.shape.vocab_size]
             log_probs, entropy = linear_log_probs(
-                output.reshape(-1, output.shape[-1]),
-                weight,
+                hidden,
+                output_weight(self.module)[: self.shape.vocab_size],
                 None,
-                targets.reshape(-1),
+                response.targets,
                 self.spec.temperature,
                 self.config.logits_chunk_size,
                 compiled=self.config.compile,
                 keep_logits=not self.config.recompute_logits,
             )
-            log_probs = log_probs.view(targets.shape)
-            entropy = entropy.view(targets.shape) if "entropy" in wanted else None
+            entropy = entropy if "entropy" in wanted else None
         else:  # vocabulary-parallel: each rank's slice in chunks, the softmax sums all-reduced
             weight = output_weight(self.module)
             log_probs, entropy = chunked_log_probs_and_entropy(
-                output,
+                hidden,
                 weight,
-                targets,
+                response.targets,
                 chunk_tokens=self.config.logits_chunk_size,
                 vocab_start=self.layout.tp_rank * weight.shape[0],
                 compiled=self.config.compile,
                 **common,
             )
-        out = {"log_probs": response_columns(restore(micro.per_position(log_probs), aligned), width)}
+        out = {"log_probs": response.place(log_probs)}
         if entropy is not None:
-            out["entropy"] = response_columns(restore(micro.per_position(entropy), aligned), width)
+            out["entropy"] = response.place(entropy)
         return out
 
     def _run(self, micros: list[_Micro], forward_only: bool, reduce_fn) -> list[dict]:

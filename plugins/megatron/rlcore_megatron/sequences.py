@@ -142,17 +142,91 @@ def pack(aligned: Aligned) -> Packed:
     )
 
 
+@attrs.frozen
+class ResponseTokens:
+    """Where a micro-batch's response tokens are predicted, so that the vocabulary head runs on those
+    positions alone (the FSDP engine does the same): prompt positions' logits are never used, and at the
+    benchmark's workload they were a quarter of the head's work.
+
+    ``positions [M]``: flat positions of the model output (``[1, T]`` packed or ``[b, L]`` aligned, then
+    flattened) whose hidden state predicts a response token; ``targets [M]`` those tokens; ``cells [N]``
+    their flat places in ``[b, R]`` (``shape``), for the first ``N`` of the ``M`` results. A response token
+    counts when it is real and follows a real token. ``M = N`` unless no token counts: then ``M = 1``, one
+    position whose result enters the output times zero, so that the head's weight still takes part in the
+    backward (megatron-core's overlapped gradient reduction waits for every parameter's gradient).
+    """
+
+    positions: torch.Tensor
+    targets: torch.Tensor
+    cells: torch.Tensor
+    shape: tuple[int, int]
+
+    def to(self, device: torch.device, pin: bool = False) -> ResponseTokens:
+        """On ``device`` (``pin``: :func:`rlcore.api.batch.to_device`)."""
+        positions, targets, cells = (
+            tensor_to_device(t, device, pin) for t in (self.positions, self.targets, self.cells)
+        )
+        return ResponseTokens(positions=positions, targets=targets, cells=cells, shape=self.shape)
+
+    def place(self, values: torch.Tensor) -> torch.Tensor:
+        """``values [M]`` (one per position) -> ``[b, R]``, 0 where no response token counts.
+        Differentiable."""
+        n = self.cells.shape[0]
+        out = values.new_zeros(self.shape[0] * self.shape[1]).index_copy(0, self.cells, values[:n])
+        if values.shape[0] > n:  # the stand-in position: in the graph, not in the values
+            out = out + 0.0 * values[n:].sum()
+        return out.view(self.shape)
+
+
+def response_tokens(
+    input_ids: torch.Tensor,
+    attention_mask: torch.Tensor,
+    response_length: int,
+    aligned: Aligned,
+    packed: Packed | None,
+) -> ResponseTokens:
+    """:class:`ResponseTokens` of ``input_ids [b, S]`` whose last ``response_length`` columns are the
+    responses, for the model output laid out as ``aligned`` (or ``packed``). Run it on the host: it
+    reads the mask."""
+    mask = attention_mask.bool()
+    b, width = mask.shape
+    first = width - response_length  # the column of response token 0
+    cols = torch.arange(first, width, device=mask.device)
+    before = cols - 1
+    real_before = torch.zeros(b, response_length, dtype=torch.bool, device=mask.device)
+    if response_length:
+        real_before[:, before >= 0] = mask[:, before[before >= 0]]
+    rows, j = (mask[:, first:] & real_before).nonzero(as_tuple=True)
+    at = first - 1 + j - aligned.lead[rows]  # the predicting position's column after left alignment
+    if packed is None:
+        positions = rows * aligned.tokens.shape[1] + at
+    else:
+        positions = packed.cu_seqlens_host.to(rows.device)[rows].long() + at
+    targets = input_ids[rows, first + j]
+    cells = rows * response_length + j
+    if cells.numel() == 0:
+        positions, targets = positions.new_zeros(1), targets.new_zeros(1)
+    return ResponseTokens(positions=positions, targets=targets, cells=cells, shape=(b, response_length))
+
+
 def to_device(
     batch: Batch, device: torch.device, multiple: int = 1, packed: bool = False, pin: bool = False
-) -> tuple[Batch, Aligned, Packed | None]:
-    """One micro-batch's tensors and model inputs on ``device``: :func:`left_align` (and :func:`pack`) run
-    where ``batch`` is (the host, as the controller sends it), and their results are moved. Their mask
-    check, longest row and lengths are host values there; on a GPU each was a sync (three per
-    micro-batch). ``pin`` (with an accelerator) also makes the copies asynchronous: from pageable memory
-    each would wait for the device."""
+) -> tuple[Batch, Aligned, Packed | None, ResponseTokens | None]:
+    """One micro-batch's tensors and model inputs on ``device``: :func:`left_align` (and :func:`pack`,
+    and with ``responses`` in the batch :func:`response_tokens`) run where ``batch`` is (the host, as
+    the controller sends it), and their results are moved. Their mask check, longest row and lengths are
+    host values there; on a GPU each was a sync (three per micro-batch). ``pin`` (with an accelerator)
+    also makes the copies asynchronous: from pageable memory each would wait for the device."""
     aligned = left_align(batch["input_ids"], batch["attention_mask"], multiple)
-    packed_rows = pack(aligned).to(device, pin) if packed else None
-    return batch.to(device, pin), aligned.to(device, pin), packed_rows
+    packed_rows = pack(aligned) if packed else None
+    response = None
+    if "responses" in batch:
+        response = response_tokens(
+            batch["input_ids"], batch["attention_mask"], batch["responses"].shape[1], aligned, packed_rows
+        )
+        response = response.to(device, pin)
+    packed_rows = packed_rows.to(device, pin) if packed else None
+    return batch.to(device, pin), aligned.to(device, pin), packed_rows, response
 
 
 def restore(values: torch.Tensor, aligned: Aligned) -> torch.Tensor:

@@ -16,7 +16,9 @@ from rlcore_megatron.convert import param_maps, shard, to_hf, to_mcore, unshard
 from rlcore_megatron.sequences import (
     left_align,
     micro_batches,
+    pack,
     response_columns,
+    response_tokens,
     restore,
     to_device,
 )
@@ -209,12 +211,14 @@ def test_micro_batch_inputs_reach_the_device_without_reading_it(packed):
     ids = torch.tensor([[0, 0, 5, 6, 7, 0], [1, 2, 3, 4, 0, 0], [0, 0, 0, 9, 8, 0]])
     mask = (ids != 0).long()
     mask[1, 0] = 1
-    batch = Batch({"input_ids": ids, "attention_mask": mask})
+    batch = Batch({"input_ids": ids, "attention_mask": mask, "responses": ids[:, 4:]})
     on_meta = to_device(batch, torch.device("meta"), packed=packed)
     on_host = to_device(batch, torch.device("cpu"), packed=packed)
     moved = [on_meta[0]["input_ids"], on_meta[1].tokens, on_meta[1].lead, on_meta[1].lengths]
+    moved += [on_meta[3].positions, on_meta[3].targets, on_meta[3].cells]
     assert all(t.is_meta for t in moved)
     assert on_host[1].lengths.tolist() == [3, 4, 2]
+    assert on_host[3].targets.tolist() == [7, 8]
     if packed:
         meta, host = on_meta[2], on_host[2]
         assert meta.tokens.is_meta and meta.cu_seqlens.is_meta and meta.position_ids.is_meta
@@ -224,6 +228,61 @@ def test_micro_batch_inputs_reach_the_device_without_reading_it(packed):
         assert host.cu_seqlens.data_ptr() != host.cu_seqlens_host.data_ptr()
     else:
         assert on_meta[2] is None and on_host[2] is None
+
+
+@pytest.mark.parametrize("packed", [False, True], ids=["padded", "packed"])
+def test_response_tokens_pick_the_positions_that_predict_each_response_token(packed):
+    """The head runs only where a response token is predicted. Against a plain loop over the padded
+    layout: each counted response token ``(r, j)`` at column ``c`` is predicted by column ``c - 1``, whose
+    position in the model output holds that column's token; the target is the token itself. A row with
+    no prompt (its first response token has no predictor) and a row whose response is all padding
+    count only what they have."""
+    P, R = 3, 4
+    ids = torch.tensor(
+        [
+            [0, 11, 12, 13, 14, 15, 0],  # prompt 2, response 3
+            [21, 22, 23, 24, 25, 26, 27],  # full
+            [0, 0, 0, 34, 35, 0, 0],  # no prompt: response token 0 has no predictor
+            [0, 41, 42, 0, 0, 0, 0],  # empty response
+        ]
+    )
+    mask = (ids != 0).long()
+    aligned = left_align(ids, mask, multiple=2)
+    packed_rows = pack(aligned) if packed else None
+    got = response_tokens(ids, mask, R, aligned, packed_rows)
+    # Each output position holds the token at that position, so a position is checked by its token.
+    output = packed_rows.tokens if packed else aligned.tokens
+    read = output.reshape(-1)[got.positions]
+    expected_cells, expected_pred, expected_targets = [], [], []
+    for r in range(ids.shape[0]):
+        for j in range(R):
+            c = P + j
+            if mask[r, c] and c >= 1 and mask[r, c - 1]:
+                expected_cells.append(r * R + j)
+                expected_pred.append(int(ids[r, c - 1]))
+                expected_targets.append(int(ids[r, c]))
+    assert got.cells.tolist() == expected_cells == [0, 1, 2, 4, 5, 6, 7, 9]
+    assert read.tolist() == expected_pred
+    assert got.targets.tolist() == expected_targets
+    placed = got.place(torch.arange(1.0, len(expected_cells) + 1))
+    assert placed.shape == (4, R)
+    assert placed.flatten().nonzero().flatten().tolist() == expected_cells
+
+
+def test_response_tokens_keep_the_head_in_the_graph_when_nothing_counts():
+    """With no response token to predict, one stand-in position keeps the head's weight in the backward
+    (megatron-core's overlapped gradient reduction waits for every parameter) and adds nothing."""
+    ids = torch.tensor([[5, 6, 0, 0]])
+    mask = (ids != 0).long()
+    aligned = left_align(ids, mask)
+    got = response_tokens(ids, mask, 2, aligned, None)
+    assert got.cells.numel() == 0 and got.positions.numel() == 1
+    weight = torch.ones(3, requires_grad=True)
+    values = (weight * 2.0).sum().expand(1)
+    placed = got.place(values)
+    assert placed.tolist() == [[0.0, 0.0]]
+    placed.sum().backward()
+    assert weight.grad is not None and weight.grad.tolist() == [0.0, 0.0, 0.0]
 
 
 def test_response_columns_take_the_prediction_one_before_each_token():
