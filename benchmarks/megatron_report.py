@@ -6,8 +6,9 @@ model shape, training tokens/s per GPU of the Megatron engine before and after t
 the FSDP engine beside it, with MFU on each bar. The same for the one-H100 call (:data:`H100_ROWS`,
 ``h100/``: Megatron compiled and eager, then FSDP, on one GPU) into ``h100/tokens_per_s.png``, and for the
 2 x H200 session after the whole-layer compile (:data:`H200X2_ROWS`, ``h200x2/``: each engine run on both
-GPUs at once, independently) into ``h200x2/tokens_per_s.png``, and its second call (:data:`RUN2_ROWS`)
-into ``h200x2-run2/tokens_per_s.png``.
+GPUs at once, independently) into ``h200x2/tokens_per_s.png``, its second call (:data:`RUN2_ROWS`)
+into ``h200x2-run2/tokens_per_s.png``, and the one-H100 call with the response-only head
+(:data:`H100_RUN3_ROWS`, three runs of each engine one after another) into ``h100-run3/tokens_per_s.png``.
 
     python benchmarks/megatron_report.py [--dir benchmarks/results/megatron]
 """
@@ -57,6 +58,13 @@ def seq2_rows(megatron: str, fsdp: str) -> dict:
 H200X2_ROWS = seq2_rows("h200x2/", "h200x2/fsdp/")
 #: Its second 2 x H200 call: Megatron keeping the head's logits, rotary once per micro-batch, half the cores each.
 RUN2_ROWS = seq2_rows("h200x2-run2/", "h200x2-run2/")
+#: One H100, the head on response positions only: each engine three times (0.5B) or twice (1.5B), in turn.
+H100_RUN3_ROWS = {
+    (shape, f"{engine}, run {k}"): f"h100-run3/{prefix}-{shape.lower()}-{suffix}.json"
+    for shape in ("0.5B", "1.5B")
+    for engine, suffix in (("Megatron TP=1 compiled", "megatron-compile"), ("FSDP", "fsdp"))
+    for k, prefix in enumerate(("seq", "rerun", "run3"), start=1)
+}
 
 
 def main() -> None:
@@ -82,10 +90,18 @@ def main() -> None:
         "Megatron (logits kept, rotary once) vs FSDP, each on both GPUs of a 2 x H200 host",
         folder / "h200x2-run2" / "tokens_per_s.png",
     )
+    chart(
+        folder,
+        H100_RUN3_ROWS,
+        "Megatron (head on response positions) vs FSDP, in turn on one H100",
+        folder / "h100-run3" / "tokens_per_s.png",
+        missing="not run",
+    )
 
 
-def chart(folder: Path, table: dict, title: str, out: Path) -> None:
-    """Grouped bars: tokens/s per GPU per (shape, system) of ``table``, MFU on each bar."""
+def chart(folder: Path, table: dict, title: str, out: Path, missing: str = "out of memory") -> None:
+    """Grouped bars: tokens/s per GPU per (shape, system) of ``table``, MFU on each bar; a file that is
+    not there is labelled ``missing``."""
     import matplotlib
 
     matplotlib.use("Agg")
@@ -102,7 +118,7 @@ def chart(folder: Path, table: dict, title: str, out: Path) -> None:
         bars = ax.bar(xs, [r["tokens_per_s"] / 1000 if r else 0.0 for r in rows], width, label=label)
         for bar, row in zip(bars, rows, strict=True):
             ax.annotate(
-                f"{100 * row['mfu']:.0f}% MFU" if row else "out of memory",
+                f"{100 * row['mfu']:.0f}% MFU" if row else missing,
                 (bar.get_x() + bar.get_width() / 2, bar.get_height()),
                 ha="center",
                 va="bottom",

@@ -69,7 +69,8 @@ class MegatronConfig:
     #: tokens and token-balanced, as the FSDP engine plans them.
     use_remove_padding: bool = False
     #: Compute the language-model head (output projection, log-probs, entropy) this many tokens at a time,
-    #: so a micro-batch's ``[tokens, V/tp]`` logits never exist at once (they are most of the activation
+    #: on the positions that predict response tokens only (prompt positions' logits are never used), so a
+    #: micro-batch's ``[tokens, V/tp]`` logits never exist at once (they are most of the activation
     #: memory of a small model with a large vocabulary). At tensor-parallel size 1 this is rlcore's fused
     #: head (``rlcore.logits``, the FSDP engine's: one autograd function, its elementwise work compiled with
     #: ``compile``); with TP the same kernels on each rank's vocabulary slice, whose statistics the ranks
