@@ -191,11 +191,11 @@ def response_tokens(
     mask = attention_mask.bool()
     b, width = mask.shape
     first = width - response_length  # the column of response token 0
-    cols = torch.arange(first, width, device=mask.device)
-    before = cols - 1
-    real_before = torch.zeros(b, response_length, dtype=torch.bool, device=mask.device)
-    if response_length:
-        real_before[:, before >= 0] = mask[:, before[before >= 0]]
+    # Whether the column before each response token is real: slices, not indexing (this runs for every
+    # micro-batch while the device waits for its first inputs).
+    real_before = mask[:, max(first - 1, 0) : max(width - 1, 0)]
+    if first == 0 and response_length:  # no prompt column: response token 0 has no predecessor
+        real_before = torch.cat([mask.new_zeros(b, 1), real_before], 1)
     rows, j = (mask[:, first:] & real_before).nonzero(as_tuple=True)
     at = first - 1 + j - aligned.lead[rows]  # the predicting position's column after left alignment
     if packed is None:

@@ -269,6 +269,14 @@ def test_response_tokens_pick_the_positions_that_predict_each_response_token(pac
     assert placed.flatten().nonzero().flatten().tolist() == expected_cells
 
 
+def test_response_tokens_without_prompt_columns():
+    """All columns are response: token 0 has no predecessor, token 1 is predicted by position 0."""
+    ids = torch.tensor([[5, 6, 0]])
+    mask = (ids != 0).long()
+    got = response_tokens(ids, mask, 3, left_align(ids, mask), None)
+    assert (got.cells.tolist(), got.positions.tolist(), got.targets.tolist()) == ([1], [0], [6])
+
+
 def test_response_tokens_keep_the_head_in_the_graph_when_nothing_counts():
     """With no response token to predict, one stand-in position keeps the head's weight in the backward
     (megatron-core's overlapped gradient reduction waits for every parameter) and adds nothing."""
