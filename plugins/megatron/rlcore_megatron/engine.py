@@ -288,10 +288,13 @@ class MegatronEngine(TrainEngine):
     # -- forward / backward ----------------------------------------------------------------------
     def _prepare(self, batches: list[Batch]) -> list[_Micro]:
         multiple = self.layout.tp_size if self.tf_config.sequence_parallel else 1
+        # Only the chunked language-model head reads the response positions (_head_outputs); this host
+        # work runs while the device waits for the step's first inputs, so it is skipped elsewhere.
+        responses = self.spec.head == "lm" and self.config.logits_chunk_size is not None
         out = []
         for mb in batches:
             mb, aligned, packed, response = to_device(
-                mb, self.device, multiple, self.rotary is not None, self._pin
+                mb, self.device, multiple, self.rotary is not None, self._pin, responses
             )
             rotary = None
             if packed is not None:

@@ -210,17 +210,23 @@ def response_tokens(
 
 
 def to_device(
-    batch: Batch, device: torch.device, multiple: int = 1, packed: bool = False, pin: bool = False
+    batch: Batch,
+    device: torch.device,
+    multiple: int = 1,
+    packed: bool = False,
+    pin: bool = False,
+    responses: bool = False,
 ) -> tuple[Batch, Aligned, Packed | None, ResponseTokens | None]:
     """One micro-batch's tensors and model inputs on ``device``: :func:`left_align` (and :func:`pack`,
-    and with ``responses`` in the batch :func:`response_tokens`) run where ``batch`` is (the host, as
-    the controller sends it), and their results are moved. Their mask check, longest row and lengths are
-    host values there; on a GPU each was a sync (three per micro-batch). ``pin`` (with an accelerator)
-    also makes the copies asynchronous: from pageable memory each would wait for the device."""
+    and with ``responses`` :func:`response_tokens`, for a head that reads only those positions) run where
+    ``batch`` is (the host, as the controller sends it), and their results are moved. Their mask check,
+    longest row and lengths are host values there; on a GPU each was a sync (three per micro-batch).
+    ``pin`` (with an accelerator) also makes the copies asynchronous: from pageable memory each would
+    wait for the device."""
     aligned = left_align(batch["input_ids"], batch["attention_mask"], multiple)
     packed_rows = pack(aligned) if packed else None
     response = None
-    if "responses" in batch:
+    if responses and "responses" in batch:
         response = response_tokens(
             batch["input_ids"], batch["attention_mask"], batch["responses"].shape[1], aligned, packed_rows
         )

@@ -212,8 +212,8 @@ def test_micro_batch_inputs_reach_the_device_without_reading_it(packed):
     mask = (ids != 0).long()
     mask[1, 0] = 1
     batch = Batch({"input_ids": ids, "attention_mask": mask, "responses": ids[:, 4:]})
-    on_meta = to_device(batch, torch.device("meta"), packed=packed)
-    on_host = to_device(batch, torch.device("cpu"), packed=packed)
+    on_meta = to_device(batch, torch.device("meta"), packed=packed, responses=True)
+    on_host = to_device(batch, torch.device("cpu"), packed=packed, responses=True)
     moved = [on_meta[0]["input_ids"], on_meta[1].tokens, on_meta[1].lead, on_meta[1].lengths]
     moved += [on_meta[3].positions, on_meta[3].targets, on_meta[3].cells]
     assert all(t.is_meta for t in moved)
