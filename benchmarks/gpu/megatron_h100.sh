@@ -35,6 +35,9 @@
 #                16,384, TP=2 runs twice TP=1's micro-batches per step (its step holds both GPUs' tokens),
 #                so twice its host work (kernel launches, guards) for the same work per GPU; at 32,768
 #                TP=2 runs TP=1's count. TP=1 at 32,768 too, so that its baseline is no weaker.
+#   tp1-0.5b, tp1-1.5b   Megatron TP=1 (compiled) alone on GPU 0: the TP=2 scaling rows' baseline, on the host
+#                and in the call of the TP=2 runs
+#   tp2-1.5b-only, tp2-1.5b-rerun   Megatron TP=2 alone (1.5B, the tp1-1.5b workload per GPU): the row, re-run
 #   tp2, tp2-1.5b and 7b compile Megatron too (COMPILE=0: not)
 set -uo pipefail
 # shellcheck source=benchmarks/gpu/call_lib.sh
@@ -133,6 +136,14 @@ for stage in "$@"; do case $stage in
   tp2-1.5b) save_model qwen2.5-1.5b; run tp2-1.5b 400 python3 benchmarks/megatron_gpu.py --gpus 2 --layouts tp2 dp2 --model qwen2.5-1.5b \
          --model-dir $MODELS $MEGATRON $TP2_COMPILE --overlap-grad-reduce --tokens-per-step 262144 --steps 3 --warmup 2 \
          --out "$OUT/tp2-1.5b.json"; grep -h "^tp2\|^dp2" "$OUT/tp2-1.5b.log" ;;
+  tp1-0.5b|tp1-1.5b) model=qwen2.5-${stage#tp1-}; save_model $model
+         CUDA_VISIBLE_DEVICES=0 run $stage 400 python3 benchmarks/megatron_gpu.py --gpus 1 --layouts tp1 --model $model \
+           --model-dir $MODELS $TP1 $(workload $model) --compile --out "$OUT/$stage.json"
+         grep -h "^tp1" "$OUT/$stage.log" ;;
+  tp2-1.5b-only|tp2-1.5b-rerun) save_model qwen2.5-1.5b
+         run $stage 400 python3 benchmarks/megatron_gpu.py --gpus 2 --layouts tp2 --model qwen2.5-1.5b --model-dir $MODELS \
+           $MEGATRON $TP2_COMPILE $(workload qwen2.5-1.5b) --out "$OUT/$stage.json"
+         grep -h "^tp2" "$OUT/$stage.log" ;;
   mb32k) save_model qwen2.5-0.5b; big="--max-tokens-per-micro-batch 32768"
          CUDA_VISIBLE_DEVICES=0 run mb32k-tp1 400 python3 benchmarks/megatron_gpu.py --gpus 1 --layouts tp1 \
            --model qwen2.5-0.5b --model-dir $MODELS $TP1 $big $(workload qwen2.5-0.5b) --compile --out "$OUT/mb32k-tp1.json"

@@ -9,6 +9,8 @@ rotary positions equal the HF ``position_ids`` of the real tokens.
 
 from __future__ import annotations
 
+from collections.abc import Sequence
+
 import attrs
 import torch
 from rlcore.api import Batch
@@ -126,9 +128,13 @@ def pack(aligned: Aligned) -> Packed:
     cu_host = torch.tensor(host, dtype=torch.int32).cumsum(0, dtype=torch.int32)
     total, longest = int(cu_host[-1]), max(host)
     cu = cu_host.to(device, copy=True)  # never the host copy itself, even on a CPU
-    keep = torch.arange(aligned.tokens.shape[1], device=device) < lengths[:, None]
-    tokens = aligned.tokens[keep]
-    positions = aligned.position_ids[keep]
+    width = aligned.tokens.shape[1]
+    keep = torch.arange(width, device=device) < lengths[:, None]
+    # One nonzero for both gathers (a boolean index each would run its own); a real token's rotary
+    # position is its column after left alignment.
+    flat = keep.flatten().nonzero().squeeze(1)
+    tokens = aligned.tokens.flatten().index_select(0, flat)
+    positions = flat % width
     if total == 0:  # nothing real: one pad token as its own sequence keeps every shape non-empty
         tokens, positions = tokens.new_zeros(1), positions.new_zeros(1)
         cu, cu_host = torch.cat([cu, cu.new_ones(1)]), torch.cat([cu_host, cu_host.new_ones(1)])
@@ -207,6 +213,16 @@ def response_tokens(
     if cells.numel() == 0:
         positions, targets = positions.new_zeros(1), targets.new_zeros(1)
     return ResponseTokens(positions=positions, targets=targets, cells=cells, shape=(b, response_length))
+
+
+def input_shape(lengths: Sequence[int], multiple: int = 1, packed: bool = False) -> tuple[int, int]:
+    """The shape of the token ids :func:`to_device` gives the model for rows of ``lengths`` real tokens
+    (``[1, T]`` packed, ``[b, L]`` aligned), from the lengths alone: a step plans its pipeline hand-offs
+    before it builds any micro-batch's inputs."""
+    if packed:
+        return 1, max(sum(lengths), 1)
+    length = max(max(lengths, default=0), 1)
+    return len(lengths), -(-length // multiple) * multiple
 
 
 def to_device(

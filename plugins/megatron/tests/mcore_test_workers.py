@@ -458,10 +458,11 @@ def world2(rank, world, port, qwen, llama, batches, work_dir):
     del eng
     # One row per micro-batch: four hand-offs each way, of 11, 6, 9 and 5 tokens, in 1F1B's order.
     eng = _engine(qwen, rank, world, port, pp=2, micro_batch_size=1)
-    with _device_syncs() as syncs:
+    with _device_syncs() as syncs, _build_and_run_order(eng) as order:
         r["pp2_mb1_infer"] = _infer(eng, b1, ("log_probs", "entropy"))
         r["pp2_mb1_metrics"] = eng.train_step(b1, nll_loss)
     r["pp2_mb1_device_syncs"] = syncs
+    r["pp2_mb1_order"] = order
     del eng
     mpu.destroy_model_parallel()
 
@@ -471,6 +472,28 @@ def world2(rank, world, port, qwen, llama, batches, work_dir):
     r["dp2_metrics"] = eng.train_step(b1.chunk(dp_size)[dp_rank], nll_loss)
     r["dp2_export1"] = _export(eng)
     _save(r, work, "world2", rank)
+
+
+@contextlib.contextmanager
+def _build_and_run_order(engine):
+    """Records, in order, each micro-batch input build (``"build"``) and each forward of this stage's
+    model (``"run"``)."""
+    import rlcore_megatron.engine as engine_module
+
+    order: list[str] = []
+    built = engine_module.to_device
+
+    def to_device(*args, **kwargs):
+        order.append("build")
+        return built(*args, **kwargs)
+
+    engine_module.to_device = to_device
+    hook = engine.module.register_forward_pre_hook(lambda *_: order.append("run") and None)
+    try:
+        yield order
+    finally:
+        engine_module.to_device = built
+        hook.remove()
 
 
 @contextlib.contextmanager

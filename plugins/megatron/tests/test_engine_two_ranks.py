@@ -109,3 +109,12 @@ def test_pipeline_hand_offs_never_synchronize_the_device(ranks, qwen, hf_step):
     loss, grad_norm, _ = hf_step
     assert results[1]["pp2_mb1_metrics"]["loss"] == pytest.approx(loss, abs=ATOL)
     assert results[1]["pp2_mb1_metrics"]["grad_norm"] == pytest.approx(grad_norm, rel=1e-4)
+
+
+def test_each_micro_batch_is_built_when_the_schedule_runs_it(ranks):
+    """A step builds micro-batch ``k+1``'s inputs after it launched ``k`` (so the host's work on them
+    overlaps the device's), not all of them before the first: on both PP=2 stages, for the inference and
+    the training step of four micro-batches each, builds and forwards alternate."""
+    results, _ = ranks
+    for r in results:
+        assert r["pp2_mb1_order"] == ["build", "run"] * 8

@@ -14,6 +14,7 @@ from rlcore_megatron.architecture import model_shape
 from rlcore_megatron.config import MegatronConfig
 from rlcore_megatron.convert import param_maps, shard, to_hf, to_mcore, unshard
 from rlcore_megatron.sequences import (
+    input_shape,
     left_align,
     micro_batches,
     pack,
@@ -225,9 +226,29 @@ def test_micro_batch_inputs_reach_the_device_without_reading_it(packed):
         assert meta.cu_seqlens_host.device.type == "cpu" and meta.max_seqlen == host.max_seqlen == 4
         assert meta.cu_seqlens_host.tolist() == host.cu_seqlens.tolist() == [0, 3, 7, 9]
         assert host.tokens.tolist() == [[5, 6, 7, 1, 2, 3, 4, 9, 8]]
+        assert host.position_ids.tolist() == [[0, 1, 2, 0, 1, 2, 3, 0, 1]]  # restart per sequence
         assert host.cu_seqlens.data_ptr() != host.cu_seqlens_host.data_ptr()
     else:
         assert on_meta[2] is None and on_host[2] is None
+
+
+@pytest.mark.parametrize("packed", [False, True], ids=["padded", "packed"])
+@pytest.mark.parametrize("multiple", [1, 4])
+def test_input_shape_from_the_lengths_is_the_shape_the_inputs_get(packed, multiple):
+    """A step plans its pipeline hand-offs from the rows' lengths before it builds any micro-batch: the
+    planned shape must be the built one, for ragged rows, a row with no tokens and a batch with none."""
+    gen = torch.Generator().manual_seed(0)
+    width = 9
+    for lengths in ([3, 9, 5], [0, 4], [0, 0], [7], [1, 1, 1, 1]):
+        ids = torch.randint(1, 50, (len(lengths), width), generator=gen)
+        mask = torch.zeros_like(ids)
+        for r, n in enumerate(lengths):
+            start = int(torch.randint(0, width - n + 1, (), generator=gen))
+            mask[r, start : start + n] = 1
+        batch = Batch({"input_ids": ids * mask, "attention_mask": mask})
+        _, aligned, packed_rows, _ = to_device(batch, torch.device("cpu"), multiple, packed)
+        built = (packed_rows if packed else aligned).tokens.shape
+        assert input_shape(lengths, multiple, packed) == tuple(built), lengths
 
 
 @pytest.mark.parametrize("packed", [False, True], ids=["padded", "packed"])
