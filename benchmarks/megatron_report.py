@@ -8,7 +8,8 @@ the FSDP engine beside it, with MFU on each bar. The same for the one-H100 call 
 2 x H200 session after the whole-layer compile (:data:`H200X2_ROWS`, ``h200x2/``: each engine run on both
 GPUs at once, independently) into ``h200x2/tokens_per_s.png``, its second call (:data:`RUN2_ROWS`)
 into ``h200x2-run2/tokens_per_s.png``, and the one-H100 call with the response-only head
-(:data:`H100_RUN3_ROWS`, three runs of each engine one after another) into ``h100-run3/tokens_per_s.png``.
+(:data:`H100_RUN3_ROWS`, three runs of each engine one after another) into ``h100-run3/tokens_per_s.png``;
+and the TP=2 scaling runs on 2 x H200 (:data:`SCALING_RUNS`) into ``h200x2-run4/scaling.png``.
 
     python benchmarks/megatron_report.py [--dir benchmarks/results/megatron]
 """
@@ -67,6 +68,48 @@ H100_RUN3_ROWS = {
 }
 
 
+#: The 2 x H200 call on TP=2 scaling (``h200x2-run4/``): (label, TP=2 file, the TP=1 file it is divided by,
+#: run on GPU 0 of the same machine minutes apart). ``run3/`` is a second machine's call.
+SCALING_RUNS = [
+    ("0.5B, 16k\nrun 1", "tp2-only-0.5b.json", "tp1-0.5b.json"),
+    ("0.5B, 16k\nrun 2", "tp2-only-rerun-0.5b.json", "rerun/tp1-0.5b-rerun.json"),
+    ("0.5B, 32k\nrun 1", "mb32k-tp2.json", "tp1-0.5b.json"),
+    ("0.5B, 32k\nrun 2", "rerun/mb32k-tp2-rerun.json", "rerun/tp1-0.5b-rerun.json"),
+    ("0.5B, 32k\n2nd machine", "run3/mb32k-tp2-run3.json", "run3/tp1-0.5b-run3.json"),
+    ("1.5B, 16k\nrun 1", "tp2-1.5b-only.json", "tp1-1.5b.json"),
+    ("1.5B, 16k\nrun 2", "tp2-1.5b-rerun.json", "tp1-1.5b.json"),
+]
+
+
+def scaling(folder: Path, tp2: str, tp1: str) -> float:
+    """TP=2 tokens/s over both GPUs / (2 x TP=1 tokens/s): 1.0 is perfect scaling."""
+    rows = [json.loads((folder / name).read_text())["results"][0] for name in (tp2, tp1)]
+    return rows[0]["tokens_per_s"] / (2 * rows[1]["tokens_per_s"])
+
+
+def scaling_chart(folder: Path, runs: list, title: str, out: Path, goal: float = 0.85) -> None:
+    """One bar per run of ``runs``: TP=2 scaling efficiency (:func:`scaling`, in %), the goal as a line."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    values = [100 * scaling(folder, tp2, tp1) for _, tp2, tp1 in runs]
+    fig, ax = plt.subplots(figsize=(9, 4.5))
+    bars = ax.bar(range(len(runs)), values, color=["C0" if v >= 100 * goal else "C1" for v in values])
+    for bar, value in zip(bars, values, strict=True):
+        ax.annotate(f"{value:.1f}%", (bar.get_x() + bar.get_width() / 2, value), ha="center", va="bottom")
+    ax.axhline(100 * goal, color="k", linestyle="--", linewidth=1, label=f"goal {100 * goal:.0f}%")
+    ax.set_xticks(range(len(runs)), [label for label, _, _ in runs], fontsize=8)
+    ax.set_ylabel("TP=2 scaling efficiency (%)")
+    ax.set_ylim(0, 100)
+    ax.set_title(title)
+    ax.legend(loc="lower right")
+    fig.tight_layout()
+    fig.savefig(out, dpi=120)
+    print(f"wrote {out}")
+
+
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--dir", default=str(Path(__file__).resolve().parent / "results" / "megatron"))
@@ -96,6 +139,15 @@ def main() -> None:
         "Megatron (head on response positions) vs FSDP, in turn on one H100",
         folder / "h100-run3" / "tokens_per_s.png",
         missing="not run",
+    )
+    run4 = folder / "h200x2-run4"
+    for label, tp2, tp1 in SCALING_RUNS:
+        print(f"{label.replace(chr(10), ' ')}: {100 * scaling(run4, tp2, tp1):.1f}%")
+    scaling_chart(
+        run4,
+        SCALING_RUNS,
+        "Megatron TP=2 on 2 x H200 against TP=1 on one of them (micro-batch tokens)",
+        run4 / "scaling.png",
     )
 
 
