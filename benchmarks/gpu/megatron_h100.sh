@@ -38,6 +38,9 @@
 #   tp1-0.5b, tp1-1.5b   Megatron TP=1 (compiled) alone on GPU 0: the TP=2 scaling rows' baseline, on the host
 #                and in the call of the TP=2 runs
 #   tp2-1.5b-only, tp2-1.5b-rerun   Megatron TP=2 alone (1.5B, the tp1-1.5b workload per GPU): the row, re-run
+#   mb32k-threads  TP=2 at 32,768-token micro-batches (0.5B) with 2 intra-op threads a rank, then with the
+#                default (the host's cores shared out, 16 a rank on 32 cores): whether the step's host stalls
+#                (15-24 ms gaps in aten::index on 2 x H200) come from oversubscribed host threads
 #   tp2, tp2-1.5b and 7b compile Megatron too (COMPILE=0: not)
 set -uo pipefail
 # shellcheck source=benchmarks/gpu/call_lib.sh
@@ -150,6 +153,11 @@ for stage in "$@"; do case $stage in
          run mb32k-tp2 400 python3 benchmarks/megatron_gpu.py --gpus 2 --layouts tp2 --model qwen2.5-0.5b \
            --model-dir $MODELS $MEGATRON $big $TP2_COMPILE $(workload qwen2.5-0.5b) --out "$OUT/mb32k-tp2.json"
          grep -h "^tp1\|^tp2" "$OUT/mb32k-tp1.log" "$OUT/mb32k-tp2.log" ;;
+  mb32k-threads) save_model qwen2.5-0.5b
+         for cpus in 4 ""; do name=mb32k-tp2-cpus${cpus:-all}
+           BENCH_HOST_CPUS=$cpus run $name 300 python3 benchmarks/megatron_gpu.py --gpus 2 --layouts tp2 --model qwen2.5-0.5b \
+             --model-dir $MODELS $MEGATRON --max-tokens-per-micro-batch 32768 $TP2_COMPILE $(workload qwen2.5-0.5b) \
+             --out "$OUT/$name.json"; grep -h "^tp2" "$OUT/$name.log"; done ;;
   nccl) nvidia-smi topo -m > "$OUT/topo.txt" 2>&1; cat "$OUT/topo.txt"
         run nccl 120 python3 benchmarks/gpu/allreduce_probe.py --out "$OUT/allreduce.json"; cat "$OUT/nccl.log" ;;
   pack-out) pack_out ;;  # last: everything under $OUT in one archive (a call brings back at most 8 files)
