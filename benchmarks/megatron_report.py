@@ -83,8 +83,12 @@ SCALING_RUNS = [
 
 def scaling(folder: Path, tp2: str, tp1: str) -> float:
     """TP=2 tokens/s over both GPUs / (2 x TP=1 tokens/s): 1.0 is perfect scaling."""
-    rows = [json.loads((folder / name).read_text())["results"][0] for name in (tp2, tp1)]
-    return rows[0]["tokens_per_s"] / (2 * rows[1]["tokens_per_s"])
+    return result(folder / tp2)["tokens_per_s"] / (2 * result(folder / tp1)["tokens_per_s"])
+
+
+def result(path: Path) -> dict:
+    """The one row of a ``megatron_gpu.py`` / ``fsdp_train.py`` result file."""
+    return json.loads(path.read_text())["results"][0]
 
 
 def scaling_chart(folder: Path, runs: list, title: str, out: Path, goal: float = 0.85) -> None:
@@ -165,7 +169,7 @@ def chart(folder: Path, table: dict, title: str, out: Path, missing: str = "out 
     width = 0.8 / len(labels)
     for k, label in enumerate(labels):
         paths = [folder / table[shape, label] for shape in shapes]
-        rows = [json.loads(path.read_text())["results"][0] if path.exists() else None for path in paths]
+        rows = [result(path) if path.exists() else None for path in paths]
         xs = [i + (k - (len(labels) - 1) / 2) * width for i in range(len(shapes))]
         bars = ax.bar(xs, [r["tokens_per_s"] / 1000 if r else 0.0 for r in rows], width, label=label)
         for bar, row in zip(bars, rows, strict=True):

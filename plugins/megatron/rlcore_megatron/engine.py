@@ -402,9 +402,9 @@ class MegatronEngine(TrainEngine):
 
             return output, loss_func
 
-        shards = self.layout.tp_size if self.tf_config.sequence_parallel else 1
         # Each stage computes every hand-off's shape: no shape exchange, and no device sync, per hand-off.
-        handoffs = [handoff_shape(shape, self.shape.hidden_size, shards) for shape in plan.shapes]
+        # Sequence parallelism splits each hand-off over the TP ranks as it splits the micro-batch.
+        handoffs = [handoff_shape(shape, self.shape.hidden_size, self._multiple) for shape in plan.shapes]
         with known_shapes(handoffs) if self.layout.pp_size > 1 else contextlib.nullcontext():
             return get_forward_backward_func()(
                 forward_step_func=forward_step,

@@ -64,8 +64,7 @@ def left_align(input_ids: torch.Tensor, attention_mask: torch.Tensor, multiple: 
             f"attention_mask row {row} has padding between real tokens; the megatron engine needs each "
             f"row's real tokens contiguous (left-padded prompt + right-padded response)"
         )
-    length = max(int(lengths.max()) if b else 0, 1)
-    length = -(-length // multiple) * multiple
+    length = _aligned_length(int(lengths.max()) if b else 0, multiple)
     src = (torch.arange(length, device=input_ids.device) + lead[:, None]).clamp(max=width - 1)
     tokens = input_ids.gather(1, src)
     tokens = torch.where(torch.arange(length, device=input_ids.device) < lengths[:, None], tokens, 0)
@@ -221,8 +220,13 @@ def input_shape(lengths: Sequence[int], multiple: int = 1, packed: bool = False)
     before it builds any micro-batch's inputs."""
     if packed:
         return 1, max(sum(lengths), 1)
-    length = max(max(lengths, default=0), 1)
-    return len(lengths), -(-length // multiple) * multiple
+    return len(lengths), _aligned_length(max(lengths, default=0), multiple)
+
+
+def _aligned_length(longest: int, multiple: int) -> int:
+    """The width of left-aligned rows whose longest has ``longest`` real tokens: at least 1 (every shape
+    non-empty), rounded up to ``multiple``."""
+    return -(-max(longest, 1) // multiple) * multiple
 
 
 def to_device(
