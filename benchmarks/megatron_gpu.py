@@ -122,7 +122,7 @@ def worker(rank: int, world: int, port: int, args, path: str, out: str) -> None:
             logits_chunk_size=args.logits_chunk_size,
             overlap_grad_reduce=args.overlap_grad_reduce,
             compile=args.compile,
-            recompute_logits=not (args.no_recompute_logits and tp == 1),  # TP > 1 always recomputes
+            recompute_logits=not args.no_recompute_logits,
         )
         info = DistInfo(rank=rank, world_size=world, local_rank=rank, master_port=port)
         started = time.perf_counter()
@@ -247,7 +247,8 @@ def parse_args(argv=None):
     p.add_argument(
         "--no-recompute-logits",
         action="store_true",
-        help="megatron.recompute_logits=false at TP=1 (the fused head keeps its logits), as the FSDP rows do",
+        help="megatron.recompute_logits=false: the head keeps its logits (at TP > 1 each rank's slice), "
+        "as the FSDP rows do",
     )
     p.add_argument("--profile", default=None, help="folder for each layout's top operators (one more step)")
     p.add_argument("--device", default="auto", help="rlcore device platform name")

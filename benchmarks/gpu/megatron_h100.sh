@@ -41,6 +41,10 @@
 #   mb32k-threads  TP=2 at 32,768-token micro-batches (0.5B) with 2 intra-op threads a rank, then with the
 #                default (the host's cores shared out, 16 a rank on 32 cores): whether the step's host stalls
 #                (15-24 ms gaps in aten::index on 2 x H200) come from oversubscribed host threads
+#   tp2-keep-0.5b, tp2-keep-1.5b   Megatron TP=2 alone (compiled), the vocabulary-parallel head keeping each
+#                rank's logits slice from the forward (--no-recompute-logits, as TP=1 does), at 32,768-token
+#                micro-batches (TP=1's micro-batch count per step): against tp1-0.5b / tp1-1.5b
+#   topo         the GPUs' topology (nvidia-smi topo -m) and names into $OUT/topo.txt: which link TP=2 had
 #   tp2, tp2-1.5b and 7b compile Megatron too (COMPILE=0: not)
 set -uo pipefail
 # shellcheck source=benchmarks/gpu/call_lib.sh
@@ -51,8 +55,8 @@ MODELS=/tmp/rlcore-bench-models
 # Two runs side by side (pairs, compile-*, seq2-*) each take half the host's cores (_workload.host_threads).
 HALF=$(( $(nproc) / 2 ))
 MEGATRON="--remove-padding --logits-chunk-size 4096 --max-tokens-per-micro-batch 16384"
-# At TP=1 the head keeps its logits for the backward, as FSDP's setting below does (--no-recompute-logits);
-# the vocabulary-parallel head (TP=2) always recomputes. The 2 x H200 rows of docs/benchmarks.md predate it.
+# At TP=1 the head keeps its logits for the backward, as FSDP's setting below does (--no-recompute-logits).
+# The TP=2 stages before tp2-keep-* recompute them (the vocabulary-parallel head could not keep them then).
 TP1="$MEGATRON --no-recompute-logits"
 FSDP="--systems fsdp-mp-varlen-compile --no-reshard-after-forward --reduce-grads-once-per-step \
   --max-tokens-per-micro-batch 16384 --logits-chunk-size 4096 --no-recompute-logits"
@@ -158,6 +162,12 @@ for stage in "$@"; do case $stage in
            BENCH_HOST_CPUS=$cpus run $name 300 python3 benchmarks/megatron_gpu.py --gpus 2 --layouts tp2 --model qwen2.5-0.5b \
              --model-dir $MODELS $MEGATRON --max-tokens-per-micro-batch 32768 $TP2_COMPILE $(workload qwen2.5-0.5b) \
              --out "$OUT/$name.json"; grep -h "^tp2" "$OUT/$name.log"; done ;;
+  tp2-keep-0.5b|tp2-keep-1.5b) model=qwen2.5-${stage#tp2-keep-}; save_model $model
+         run $stage 400 python3 benchmarks/megatron_gpu.py --gpus 2 --layouts tp2 --model $model --model-dir $MODELS \
+           $TP1 --max-tokens-per-micro-batch 32768 $TP2_COMPILE $(workload $model) --out "$OUT/$stage.json"
+         grep -h "^tp2" "$OUT/$stage.log" ;;
+  topo) { nvidia-smi topo -m; nvidia-smi --query-gpu=name,pci.bus_id,clocks.max.sm --format=csv; nproc; } \
+          >> "$OUT/topo.txt" 2>&1; cat "$OUT/topo.txt" ;;
   nccl) nvidia-smi topo -m > "$OUT/topo.txt" 2>&1; cat "$OUT/topo.txt"
         run nccl 120 python3 benchmarks/gpu/allreduce_probe.py --out "$OUT/allreduce.json"; cat "$OUT/nccl.log" ;;
   pack-out) pack_out ;;  # last: everything under $OUT in one archive (a call brings back at most 8 files)

@@ -77,10 +77,9 @@ class MegatronConfig:
     #: combine with one all-gather per chunk. ``null``: the whole micro-batch at once, as megatron-core's
     #: output layer computes it.
     logits_chunk_size: int | None = attrs.field(default=None, validator=_positive)
-    #: With ``logits_chunk_size`` at tensor-parallel size 1: recompute each chunk's logits in the backward
-    #: (least memory) or, false, keep them from the forward (one ``[tokens, V]`` projection less per
-    #: micro-batch, for the memory of the logits), as ``fsdp.recompute_logits``. The vocabulary-parallel
-    #: head (TP > 1) always recomputes its chunks.
+    #: With ``logits_chunk_size``: recompute each chunk's logits in the backward (least memory) or, false,
+    #: keep them from the forward (one ``[tokens, V]`` projection less per micro-batch, for the memory of
+    #: the logits: at TP > 1 each rank keeps its ``[tokens, V / tp]`` slice), as ``fsdp.recompute_logits``.
     recompute_logits: bool = True
     #: ``torch.compile`` each decoder layer (dynamic shapes), as ``fsdp.compile`` does, and (with
     #: ``logits_chunk_size``) the head's vocabulary-wide elementwise work: Megatron's distributed-optimizer
@@ -93,11 +92,6 @@ class MegatronConfig:
             raise ValueError(
                 "megatron.sequence_parallel needs megatron.transformer_impl=transformer_engine: "
                 "megatron-core's local RMSNorm does not support sequence parallelism"
-            )
-        if not self.recompute_logits and self.tensor_model_parallel_size > 1:
-            raise ValueError(
-                "megatron.recompute_logits=false keeps the fused head's logits at tensor_model_parallel_size 1; "
-                "the vocabulary-parallel head (tensor_model_parallel_size > 1) always recomputes its chunks"
             )
         if self.use_remove_padding and self.transformer_impl != "local":
             raise ValueError(

@@ -379,6 +379,7 @@ class MegatronEngine(TrainEngine):
                 chunk_tokens=self.config.logits_chunk_size,
                 vocab_start=self.layout.tp_rank * weight.shape[0],
                 compiled=self.config.compile,
+                keep_logits=not self.config.recompute_logits,
                 **common,
             )
         out = {"log_probs": response.place(log_probs)}

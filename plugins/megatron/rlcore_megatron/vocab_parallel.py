@@ -137,13 +137,16 @@ def _gather(local: torch.Tensor, group) -> torch.Tensor:
 class _VocabSliceLogProbs(torch.autograd.Function):
     """:func:`rlcore.logits.linear_log_probs` for a rank that holds vocabulary rows ``[start, start + v)``:
     per chunk the slice's logits, their fused statistics (``rlcore.logits.slice_kernels``), one
-    all-gather to combine them; the backward recomputes each chunk's logits and builds their gradient
-    from the saved whole-vocabulary ``lse`` and entropy, with no communication (the hidden state's
-    gradient is this rank's part; ``model.pass_hidden_through`` sums it over the ranks)."""
+    all-gather to combine them; the backward recomputes each chunk's logits (or, ``keep``, takes the
+    forward's) and builds their gradient from the saved whole-vocabulary ``lse`` and entropy, with no
+    communication (the hidden state's gradient is this rank's part; ``model.pass_hidden_through`` sums it
+    over the ranks)."""
 
     @staticmethod
-    def forward(ctx, hidden, weight, targets, start, group, temperature, chunk, compiled):
+    def forward(ctx, hidden, weight, targets, start, group, temperature, chunk, compiled, keep):
         stats, _ = slice_kernels(compiled)
+        # Kept chunks live on ctx, not save_for_backward, so the backward frees each once used.
+        ctx.logits = [] if keep and weight.shape[0] else None
         local = targets - start
         here = (local >= 0) & (local < weight.shape[0])
         out_dtype = torch.promote_types(hidden.dtype, torch.float32)
@@ -152,7 +155,11 @@ class _VocabSliceLogProbs(torch.autograd.Function):
         for s in range(0, hidden.shape[0], chunk):
             h = hidden[s : s + chunk]
             if weight.shape[0]:
-                mine = slice_statistics(F.linear(h, weight), local[s : s + chunk], temperature, stats)
+                logits = F.linear(h, weight)
+                mine = slice_statistics(logits, local[s : s + chunk], temperature, stats)
+                if ctx.logits is not None:
+                    ctx.logits.append(logits)
+                del logits
             else:  # a rank holding only padding rows: no probability mass
                 mine = torch.zeros(3, h.shape[0], dtype=out_dtype, device=h.device)
                 mine[0] = float("-inf")
@@ -171,9 +178,10 @@ class _VocabSliceLogProbs(torch.autograd.Function):
             return (
                 (torch.zeros_like(hidden) if need_h else None),
                 (torch.zeros_like(weight) if need_w else None),
-                *[None] * 6,
+                *[None] * 7,
             )
         _, grad_logits = slice_kernels(ctx.compiled)
+        kept, ctx.logits = ctx.logits, None
         grad_hidden, grad_weight, _ = chunked_head_grads(
             hidden,
             weight,
@@ -187,8 +195,9 @@ class _VocabSliceLogProbs(torch.autograd.Function):
             ctx.chunk,
             grad_logits,
             (need_h, need_w, False),
+            kept,
         )
-        return grad_hidden, grad_weight, None, None, None, None, None, None
+        return grad_hidden, grad_weight, None, None, None, None, None, None, None
 
 
 def chunked_log_probs_and_entropy(
@@ -203,6 +212,7 @@ def chunked_log_probs_and_entropy(
     temperature: float = 1.0,
     with_entropy: bool = True,
     compiled: bool = False,
+    keep_logits: bool = False,
 ) -> tuple[torch.Tensor, torch.Tensor | None]:
     """:func:`log_probs_and_entropy` of ``F.linear(hidden, weight)``, ``chunk_tokens`` positions at a
     time: ``hidden [..., h]``, ``weight [v, h]`` (this rank's vocabulary rows, from global row
@@ -210,7 +220,10 @@ def chunked_log_probs_and_entropy(
     ``[...]`` each, fp32. One autograd function over all chunks, as the TP=1 head
     (:func:`rlcore.logits.linear_log_probs`): a chunk's ``[chunk, v]`` logits exist only while it is
     worked on, in the forward and again in the backward; ``compiled`` fuses the vocabulary-wide
-    elementwise work with ``torch.compile``. Per chunk the ranks exchange ``3 x chunk`` floats once, in
+    elementwise work with ``torch.compile``; ``keep_logits`` keeps each chunk's ``[chunk, v]`` logits
+    from the forward for the backward instead of recomputing them (only when a gradient will be taken),
+    as the TP=1 head's ``keep_logits``: one output-layer matmul less per token, for the memory of the
+    rank's slice of the logits. Per chunk the ranks exchange ``3 x chunk`` floats once, in
     the forward only (eager unfused, this head took about a third of a TP=2 step of the 0.5B shape on an
     H200: a dozen fp32 passes over the logits and four all-reduces per chunk, each again in the backward).
     """
@@ -219,6 +232,7 @@ def chunked_log_probs_and_entropy(
     if flat_hidden.shape[0] == 0:
         empty = flat_hidden.new_zeros(targets.shape, dtype=torch.promote_types(hidden.dtype, torch.float32))
         return empty, (empty if with_entropy else None)
+    keep = keep_logits and torch.is_grad_enabled() and (flat_hidden.requires_grad or weight.requires_grad)
     log_prob, entropy = _VocabSliceLogProbs.apply(
         flat_hidden,
         weight[:real],
@@ -228,5 +242,6 @@ def chunked_log_probs_and_entropy(
         float(temperature),
         int(chunk_tokens),
         bool(compiled),
+        bool(keep),
     )
     return log_prob.view(targets.shape), (entropy.view(targets.shape) if with_entropy else None)

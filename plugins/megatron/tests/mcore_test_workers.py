@@ -296,10 +296,10 @@ def chunked(rank, world, port, qwen, batch, work_dir):
     r = {}
     variants = (("whole", {}), ("chunked", {"logits_chunk_size": 5}))
     variants += (("chunked_packed", {"logits_chunk_size": 5, "remove_padding": True}),)
-    if world == 1:  # logits kept from the forward: the fused head at TP=1 only
-        variants += (
-            ("chunked_kept", {"logits_chunk_size": 5, "remove_padding": True, "recompute_logits": False}),
-        )
+    # logits kept from the forward: the fused head at TP=1, each rank's vocabulary slice at TP=2
+    variants += (
+        ("chunked_kept", {"logits_chunk_size": 5, "remove_padding": True, "recompute_logits": False}),
+    )
     for name, kwargs in variants:
         eng = _engine(qwen, rank, world, port, tp=world, **kwargs)
         r[f"{name}_infer"] = _infer(eng, batch, ("log_probs", "entropy"))

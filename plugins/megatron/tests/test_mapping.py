@@ -29,6 +29,7 @@ from rlcore_megatron.vocab_parallel import (
     log_probs_and_entropy,
     slice_statistics,
 )
+from torch.utils.flop_counter import FlopCounterMode
 from transformers import LlamaConfig, Qwen2Config
 
 
@@ -388,17 +389,31 @@ def test_vocabulary_slices_combine_to_the_whole_softmax_and_its_gradient():
     assert want.abs().max() > 0.1  # not vacuous
 
 
-def test_chunked_head_on_one_rank_matches_float64_autograd():
+@pytest.mark.parametrize("keep", [False, True], ids=["recomputed", "kept"])
+def test_chunked_head_on_one_rank_matches_float64_autograd(keep):
     """:func:`chunked_log_probs_and_entropy` (no group: the whole vocabulary is one slice, padded) in
-    chunks of 4 tokens: values and the gradients of hidden state and weight against float64 autograd."""
+    chunks of 4 tokens: values and the gradients of hidden state and weight against float64 autograd,
+    with each chunk's logits recomputed in the backward or kept from the forward."""
     torch.manual_seed(3)
     hidden = torch.randn(2, 5, 8, dtype=torch.float64, requires_grad=True)
     weight = torch.randn(24, 8, dtype=torch.float64, requires_grad=True)  # 21 real rows, 3 padding
     targets = torch.randint(0, 21, (2, 5))
-    lp, ent = chunked_log_probs_and_entropy(
-        hidden, weight, targets, chunk_tokens=4, vocab_start=0, vocab_size=21, temperature=1.3
-    )
-    (lp.sum() + 0.3 * ent.sum()).backward()
+    with FlopCounterMode(display=False) as flops:
+        lp, ent = chunked_log_probs_and_entropy(
+            hidden,
+            weight,
+            targets,
+            chunk_tokens=4,
+            vocab_start=0,
+            vocab_size=21,
+            temperature=1.3,
+            keep_logits=keep,
+        )
+        (lp.sum() + 0.3 * ent.sum()).backward()
+    # The logits' matmul (2 M V H) in the forward; the backward's two gradient matmuls, plus the
+    # logits once more unless kept.
+    projection = 2 * 10 * 21 * 8
+    assert flops.get_total_flops() == projection * (3 if keep else 4)
     ours = hidden.grad.clone(), weight.grad.clone()
     hidden.grad = weight.grad = None
     ref = torch.log_softmax(torch.nn.functional.linear(hidden, weight[:21]) / 1.3, -1)

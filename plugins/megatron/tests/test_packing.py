@@ -123,11 +123,11 @@ def test_config_default_off_and_refused_with_transformer_engine():
         MegatronConfig(use_remove_padding=True, transformer_impl="transformer_engine")
 
 
-def test_kept_logits_are_refused_with_tensor_parallelism():
+def test_kept_logits_are_accepted_with_and_without_tensor_parallelism():
     assert MegatronConfig().recompute_logits is True
-    MegatronConfig(recompute_logits=False)  # TP=1: the fused head keeps them
-    with pytest.raises(ValueError, match="megatron.recompute_logits=false .* always recomputes"):
-        MegatronConfig(recompute_logits=False, tensor_model_parallel_size=2)
+    assert MegatronConfig(recompute_logits=False).recompute_logits is False  # TP=1: the fused head
+    # TP > 1: the vocabulary-parallel head keeps each rank's slice
+    assert MegatronConfig(recompute_logits=False, tensor_model_parallel_size=2).recompute_logits is False
 
 
 # -- the engine, one process -----------------------------------------------------------------------
@@ -251,8 +251,8 @@ def chunked(request, tiny_qwen, tmp_path_factory):
 
 def test_chunked_head_equals_hf_and_trains_as_the_whole_head(chunked, qwen, hf_step):
     """Log-probs and entropy against the HF model; the training step (loss, gradient norm, every
-    gradient, the updated weights) against the head over the whole micro-batch and one HF AdamW step. At
-    TP=1 also with the logits kept from the forward (``recompute_logits=False``)."""
+    gradient, the updated weights) against the head over the whole micro-batch and one HF AdamW step, also
+    with the logits kept from the forward (``recompute_logits=False``; at TP=2 each rank's slice)."""
     check_chunked(chunked, qwen, hf_step, batch())
 
 
@@ -281,7 +281,7 @@ def test_chunked_head_of_an_untied_padded_output_layer(chunked_llama, tiny_llama
 
 def check_chunked(chunked: list[dict], qwen, hf_step, b: Batch) -> None:
     loss, grad_norm, after = hf_step
-    names = ("chunked", "chunked_packed") + (("chunked_kept",) if len(chunked) == 1 else ())
+    names = ("chunked", "chunked_packed", "chunked_kept")
     for rank in chunked:
         for name in names:
             if rank[f"{name}_infer"] is not None:  # the rank holding outputs (tensor-parallel rank 0)
