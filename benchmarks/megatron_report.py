@@ -9,7 +9,8 @@ the FSDP engine beside it, with MFU on each bar. The same for the one-H100 call 
 GPUs at once, independently) into ``h200x2/tokens_per_s.png``, its second call (:data:`RUN2_ROWS`)
 into ``h200x2-run2/tokens_per_s.png``, and the one-H100 call with the response-only head
 (:data:`H100_RUN3_ROWS`, three runs of each engine one after another) into ``h100-run3/tokens_per_s.png``;
-and the TP=2 scaling runs on 2 x H200 (:data:`SCALING_RUNS`) into ``h200x2-run4/scaling.png``.
+and the TP=2 scaling runs on 2 x H200 (:data:`SCALING_RUNS`) into ``h200x2-run4/scaling.png``, those with the
+vocabulary-parallel head keeping its logits (:data:`KEEP_RUNS`) into ``h200x2-run5/scaling.png``.
 
     python benchmarks/megatron_report.py [--dir benchmarks/results/megatron]
 """
@@ -80,6 +81,17 @@ SCALING_RUNS = [
     ("1.5B, 16k\nrun 2", "tp2-1.5b-rerun.json", "tp1-1.5b.json"),
 ]
 
+#: ``h200x2-run5/``: TP=2 at 32,768-token micro-batches with the vocabulary-parallel head keeping each
+#: rank's logits (``tp2-keep-*``), each against TP=1 of the same call; call 2 on a fresh machine, call 3
+#: right after it on the same one.
+KEEP_RUNS = [
+    ("0.5B\ncall 1", "call1/tp2-keep-0.5b.json", "call1/tp1-0.5b.json"),
+    ("0.5B\ncall 2", "call2/tp2-keep-0.5b.json", "call2/tp1-0.5b.json"),
+    ("1.5B\ncall 1", "call1/tp2-keep-1.5b.json", "call1/tp1-1.5b.json"),
+    ("1.5B\ncall 2", "call2/tp2-keep-1.5b.json", "call2/tp1-1.5b.json"),
+    ("1.5B\ncall 3", "call3/tp2-keep-1.5b.json", "call3/tp1-1.5b.json"),
+]
+
 
 def scaling(folder: Path, tp2: str, tp1: str) -> float:
     """TP=2 tokens/s over both GPUs / (2 x TP=1 tokens/s): 1.0 is perfect scaling."""
@@ -144,15 +156,17 @@ def main() -> None:
         folder / "h100-run3" / "tokens_per_s.png",
         missing="not run",
     )
-    run4 = folder / "h200x2-run4"
-    for label, tp2, tp1 in SCALING_RUNS:
-        print(f"{label.replace(chr(10), ' ')}: {100 * scaling(run4, tp2, tp1):.1f}%")
-    scaling_chart(
-        run4,
-        SCALING_RUNS,
-        "Megatron TP=2 on 2 x H200 against TP=1 on one of them (micro-batch tokens)",
-        run4 / "scaling.png",
-    )
+    for sub, runs, title in (
+        (
+            "h200x2-run4",
+            SCALING_RUNS,
+            "Megatron TP=2 on 2 x H200 against TP=1 on one of them (micro-batch tokens)",
+        ),
+        ("h200x2-run5", KEEP_RUNS, "Megatron TP=2 (logits kept, 32k micro-batches) on 2 x H200 against TP=1"),
+    ):
+        for label, tp2, tp1 in runs:
+            print(f"{sub} {label.replace(chr(10), ' ')}: {100 * scaling(folder / sub, tp2, tp1):.1f}%")
+        scaling_chart(folder / sub, runs, title, folder / sub / "scaling.png")
 
 
 def chart(folder: Path, table: dict, title: str, out: Path, missing: str = "out of memory") -> None:
