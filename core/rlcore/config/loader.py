@@ -216,9 +216,18 @@ def load_config(
             config.plugins[name] = _structure(value, installed[name][1], name)
     # The other component names, once their values are known to be strings (or None).
     errors = check_names(config, tuple(key for key in NAMED_KEYS if key not in engines))
+    errors += [e for name in sections for e in _run_errors(config.plugins[name], config)]
     if errors:
         raise invalid_config(errors)
     return config
+
+
+def _run_errors(section: Any, config: RLConfig) -> list[str]:
+    """A selected plugin section's checks against the rest of the run's config: its optional
+    ``check_run(config) -> list[str]`` (one message per problem, naming the key paths), e.g. Megatron's
+    parallel sizes against ``actor.world_size``. Here, so the run stops before any worker starts."""
+    check = getattr(section, "check_run", None)
+    return list(check(config)) if callable(check) else []
 
 
 def _structure(data: Any, cls: type, path: str) -> Any:

@@ -273,3 +273,34 @@ def test_check_run_names_every_problem_it_finds(tmp_path):
         f"'reward.custom_function_path': '{tmp_path}' is a directory, not a file",
     ):
         assert expected in message
+
+
+def test_a_selected_section_checks_the_rest_of_the_run(monkeypatch):
+    """A plugin section's optional ``check_run(config)`` sees the resolved run config; its messages are
+    config errors, listed with the others, raised at load time (docs/plugins.md, section 4)."""
+    import attrs
+    from rlcore.config import loader
+
+    @attrs.define
+    class Sharded:
+        shards: int = 1
+
+        def check_run(self, config) -> list[str]:
+            world = config.actor.world_size
+            return (
+                [] if world % self.shards == 0 else [f"actor.world_size={world} vs toy.shards={self.shards}"]
+            )
+
+    monkeypatch.setattr(loader, "plugin_sections", lambda engine, rollout: {"toy": Sharded})
+    ok = load_config(engine="fsdp", rollout="hf", overrides=["toy.shards=2", "actor.world_size=4"])
+    assert ok.plugins["toy"].shards == 2
+    with pytest.raises(ConfigError, match=r"actor.world_size=3 vs toy.shards=2") as err:
+        load_config(engine="fsdp", rollout="hf", overrides=["toy.shards=2", "actor.world_size=3"])
+    assert str(err.value).startswith("invalid config: ")
+    with pytest.raises(ConfigError) as both:  # listed with the other errors
+        load_config(
+            engine="fsdp",
+            rollout="hf",
+            overrides=["toy.shards=2", "actor.world_size=3", "reward.provider=nope"],
+        )
+    assert "toy.shards=2" in str(both.value) and "nope" in str(both.value)

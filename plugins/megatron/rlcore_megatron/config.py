@@ -87,6 +87,20 @@ class MegatronConfig:
     #: micro-batch shape may recompile once); worth it for long runs on a GPU.
     compile: bool = False
 
+    def check_run(self, config) -> list[str]:
+        """Against the run's config (``rlcore.config.RLConfig``): the actor's ranks must split into
+        tensor x pipeline parallel model replicas; each problem as one message naming the keys."""
+        per_replica = self.tensor_model_parallel_size * self.pipeline_model_parallel_size
+        world = config.actor.world_size
+        if world % per_replica == 0:
+            return []
+        return [
+            f"actor.world_size={world} is not a multiple of megatron.tensor_model_parallel_size * "
+            f"megatron.pipeline_model_parallel_size = {self.tensor_model_parallel_size} * "
+            f"{self.pipeline_model_parallel_size}: set actor.world_size to a multiple of {per_replica} "
+            f"(e.g. actor.world_size={per_replica}), or lower the parallel sizes"
+        ]
+
     def __attrs_post_init__(self) -> None:
         if self.sequence_parallel and self.transformer_impl != "transformer_engine":
             raise ValueError(

@@ -62,7 +62,8 @@ def init_process_groups(dist_info: DistInfo, backend: str, tp_size: int, pp_size
     if world % (tp_size * pp_size):
         raise ValueError(
             f"world size {world} is not a multiple of megatron.tensor_model_parallel_size * "
-            f"megatron.pipeline_model_parallel_size = {tp_size} * {pp_size}"
+            f"megatron.pipeline_model_parallel_size = {tp_size} * {pp_size}: set this role's world_size "
+            f"(actor.world_size, critic.world_size or reward_model.world_size) to a multiple of {tp_size * pp_size}"
         )
     if mpu.model_parallel_is_initialized():
         have = (mpu.get_tensor_model_parallel_world_size(), mpu.get_pipeline_model_parallel_world_size())

@@ -439,6 +439,41 @@ def test_config_validates_its_fields():
         MegatronConfig(sequence_parallel=True)
 
 
+@pytest.mark.parametrize(
+    ("overrides", "error"),
+    [
+        (["megatron.tensor_model_parallel_size=2"], "actor.world_size=1 is not a multiple of .* = 2 \\* 1"),
+        (["megatron.tensor_model_parallel_size=2", "actor.world_size=2"], None),
+        (
+            [
+                "megatron.tensor_model_parallel_size=2",
+                "megatron.pipeline_model_parallel_size=2",
+                "actor.world_size=8",
+            ],
+            None,
+        ),
+        (
+            [
+                "megatron.tensor_model_parallel_size=2",
+                "megatron.pipeline_model_parallel_size=2",
+                "actor.world_size=6",
+            ],
+            "actor.world_size=6 is not a multiple of .* = 2 \\* 2: set actor.world_size to a multiple of 4",
+        ),
+    ],
+)
+def test_config_checks_the_parallel_sizes_against_the_actor_world_size(overrides, error):
+    """Caught when the config is loaded, before any worker starts (it used to surface in the workers)."""
+    from rlcore.config import ConfigError, load_config
+
+    if error is None:
+        config = load_config(overrides=overrides, engine="megatron", rollout="hf")
+        assert config.actor.world_size % 2 == 0
+    else:
+        with pytest.raises(ConfigError, match=error):
+            load_config(overrides=overrides, engine="megatron", rollout="hf")
+
+
 def test_plugin_registers_the_engine_lazily():
     from rlcore.plugins import registry
 
