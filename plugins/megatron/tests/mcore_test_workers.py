@@ -254,10 +254,14 @@ def _host_reads_of_boundaries(run) -> dict[str, int]:
     from rlcore_megatron import engine as engine_module
 
     device_ids, host_ids, counts = set(), set(), {"device": 0, "host": 0}
+    # The boundaries stay referenced until the run ends: a freed tensor's id can be reused by any later
+    # tensor (a metric's ``item()``), which would then count as a read of the boundaries.
+    alive = []
     model_inputs = engine_module._Micro.model_inputs
 
     def spied_inputs(self):
         tokens, positions, params = model_inputs(self)
+        alive.extend((params.cu_seqlens_q, params.cu_seqlens_host))
         device_ids.add(id(params.cu_seqlens_q))
         host_ids.add(id(params.cu_seqlens_host))
         return tokens, positions, params
