@@ -232,6 +232,12 @@ def chunked_head_grads(
     )
 
 
+def keeps_logits(keep_logits: bool, *inputs: torch.Tensor | None) -> bool:
+    """Whether a head asked to ``keep_logits`` keeps them: only when a gradient will be taken (grad mode
+    on and one of the head's ``inputs`` requires it); otherwise no backward would free them."""
+    return keep_logits and torch.is_grad_enabled() and any(t is not None and t.requires_grad for t in inputs)
+
+
 def linear_log_probs(
     hidden: torch.Tensor,
     weight: torch.Tensor,
@@ -251,11 +257,7 @@ def linear_log_probs(
     if hidden.shape[0] == 0:
         empty = hidden.new_zeros(0, dtype=torch.promote_types(hidden.dtype, torch.float32))
         return empty, empty
-    keep = (
-        keep_logits
-        and torch.is_grad_enabled()
-        and any(t is not None and t.requires_grad for t in (hidden, weight, bias))
-    )
+    keep = keeps_logits(keep_logits, hidden, weight, bias)
     return _LinearLogProbs.apply(
         hidden, weight, bias, targets, float(temperature), int(chunk_size), bool(compiled), keep
     )

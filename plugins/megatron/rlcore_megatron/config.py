@@ -25,6 +25,18 @@ def _impl(instance: Any, attribute: attrs.Attribute, value: str) -> None:
         )
 
 
+def replica_error(world: int, tp: int, pp: int, key: str) -> str | None:
+    """Why ``world`` ranks (set by ``key``) do not split into model replicas of ``tp x pp`` ranks, or None.
+    Checked when the config loads (the actor) and when each worker group starts (every role)."""
+    if world % (tp * pp) == 0:
+        return None
+    return (
+        f"{key}={world} is not a multiple of megatron.tensor_model_parallel_size * "
+        f"megatron.pipeline_model_parallel_size = {tp} * {pp}: set {key} to a multiple of {tp * pp} "
+        f"(e.g. {key}={tp * pp}), or lower the parallel sizes"
+    )
+
+
 @attrs.define(kw_only=True)
 class MegatronConfig:
     """Parallel layout and Megatron-specific switches of the ``megatron`` train engine.
@@ -90,16 +102,13 @@ class MegatronConfig:
     def check_run(self, config) -> list[str]:
         """Against the run's config (``rlcore.config.RLConfig``): the actor's ranks must split into
         tensor x pipeline parallel model replicas; each problem as one message naming the keys."""
-        per_replica = self.tensor_model_parallel_size * self.pipeline_model_parallel_size
-        world = config.actor.world_size
-        if world % per_replica == 0:
-            return []
-        return [
-            f"actor.world_size={world} is not a multiple of megatron.tensor_model_parallel_size * "
-            f"megatron.pipeline_model_parallel_size = {self.tensor_model_parallel_size} * "
-            f"{self.pipeline_model_parallel_size}: set actor.world_size to a multiple of {per_replica} "
-            f"(e.g. actor.world_size={per_replica}), or lower the parallel sizes"
-        ]
+        error = replica_error(
+            config.actor.world_size,
+            self.tensor_model_parallel_size,
+            self.pipeline_model_parallel_size,
+            "actor.world_size",
+        )
+        return [] if error is None else [error]
 
     def __attrs_post_init__(self) -> None:
         if self.sequence_parallel and self.transformer_impl != "transformer_engine":

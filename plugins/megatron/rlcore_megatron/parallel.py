@@ -15,6 +15,8 @@ import torch.distributed as dist
 from megatron.core import parallel_state as mpu
 from rlcore.api import DistInfo
 
+from rlcore_megatron.config import replica_error
+
 
 @attrs.frozen
 class Layout:
@@ -58,13 +60,10 @@ def init_process_groups(dist_info: DistInfo, backend: str, tp_size: int, pp_size
             world_size=dist_info.world_size,
             timeout=datetime.timedelta(minutes=30),
         )
-    world = dist.get_world_size()
-    if world % (tp_size * pp_size):
-        raise ValueError(
-            f"world size {world} is not a multiple of megatron.tensor_model_parallel_size * "
-            f"megatron.pipeline_model_parallel_size = {tp_size} * {pp_size}: set this role's world_size "
-            f"(actor.world_size, critic.world_size or reward_model.world_size) to a multiple of {tp_size * pp_size}"
-        )
+    # The engine does not know its role (it runs the actor, critic or reward model alike).
+    error = replica_error(dist.get_world_size(), tp_size, pp_size, "{actor|critic|reward_model}.world_size")
+    if error is not None:
+        raise ValueError(error)
     if mpu.model_parallel_is_initialized():
         have = (mpu.get_tensor_model_parallel_world_size(), mpu.get_pipeline_model_parallel_world_size())
         if have != (tp_size, pp_size):

@@ -15,7 +15,7 @@ from __future__ import annotations
 import torch
 import torch.distributed as dist
 import torch.nn.functional as F
-from rlcore.logits import chunked_head_grads, slice_kernels
+from rlcore.logits import chunked_head_grads, keeps_logits, slice_kernels
 
 
 class _SumOverGroup(torch.autograd.Function):
@@ -232,7 +232,6 @@ def chunked_log_probs_and_entropy(
     if flat_hidden.shape[0] == 0:
         empty = flat_hidden.new_zeros(targets.shape, dtype=torch.promote_types(hidden.dtype, torch.float32))
         return empty, (empty if with_entropy else None)
-    keep = keep_logits and torch.is_grad_enabled() and (flat_hidden.requires_grad or weight.requires_grad)
     log_prob, entropy = _VocabSliceLogProbs.apply(
         flat_hidden,
         weight[:real],
@@ -242,6 +241,6 @@ def chunked_log_probs_and_entropy(
         float(temperature),
         int(chunk_tokens),
         bool(compiled),
-        bool(keep),
+        keeps_logits(keep_logits, flat_hidden, weight),
     )
     return log_prob.view(targets.shape), (entropy.view(targets.shape) if with_entropy else None)
