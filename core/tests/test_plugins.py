@@ -1,4 +1,4 @@
-"""Plugin loading (rlcore.plugins) and registries (rlcore.registry), with in-memory plugin modules
+"""Plugin loading (rlcore.plugins) and registries (rlcore.plugins.registries), with in-memory plugin modules
 behind stand-in entry points; tests/test_plugin_discovery.py does the same with installed packages."""
 
 import sys
@@ -8,7 +8,7 @@ import pytest
 import rlcore
 from rlcore import plugins
 from rlcore.plugins import PluginManager, get_plugin_manager, registry, reset_plugins
-from rlcore.registry import Registry, RegistryError
+from rlcore.plugins.registries import Registry, RegistryError
 
 
 class FakeEntryPoint:

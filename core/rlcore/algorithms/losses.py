@@ -61,7 +61,7 @@ class ActorLoss:
 
     Old log-probs: ``micro_batch["old_log_probs"]``, or, when the batch has none, ``log_probs.detach()``.
     The controller leaves them out only for an on-policy update, a single optimizer step over the batch
-    (:func:`rlcore.controller.flows.phases.needs_old_log_probs`): the weights are then still those the
+    (:func:`rlcore.flows.phases.needs_old_log_probs`): the weights are then still those the
     old-log-prob pass would have run with, and the training forward computes the same function, so the
     detached log-probs are the numbers the pass would have given (verl does the same). The ratio is
     exactly 1, so ``actor/ppo_kl`` and ``actor/pg_clipfrac`` are 0.

@@ -13,7 +13,7 @@ import difflib
 
 import attrs
 
-from rlcore.registry import RegistryError
+from rlcore.plugins.registries import RegistryError
 
 _ROLES_BY_ESTIMATOR = {"gae": "critic"}
 

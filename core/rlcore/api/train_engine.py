@@ -34,6 +34,10 @@ LossFn = Callable[[dict[str, torch.Tensor], Batch], tuple[torch.Tensor, dict[str
 WeightBucket = list[tuple[str, torch.Tensor]]
 
 
+#: ``EngineSpec.max_tokens_per_micro_batch`` value that a train worker resolves from its device's memory.
+AUTO_MICRO_BATCH = "auto"
+
+
 @attrs.define
 class DistInfo:
     """Where this rank sits. ``master_addr``/``master_port`` rendezvous the process group."""
@@ -67,8 +71,8 @@ class EngineSpec:
     min_lr_ratio: float = 0.0
     micro_batch_size: int = 4
     # Dynamic micro-batches by token budget. "auto": the train worker sizes it from its device's memory
-    # before building the engine (rlcore.controller.micro_batching), so an engine only ever sees an int.
-    max_tokens_per_micro_batch: int | str | None = None
+    # before building the engine (rlcore.cluster.micro_batching), so an engine only ever sees an int.
+    max_tokens_per_micro_batch: int | str | None = None  # an int, AUTO_MICRO_BATCH or None
     max_sequence_length: int | None = None  # longest prompt + response the role will see
     gradient_checkpointing: bool = False
     temperature: float = 1.0  # log-probs are of logits / temperature, as the rollout sampled them

@@ -1,4 +1,4 @@
-"""Built-in algorithms (default plugin): the control flows of :mod:`rlcore.controller.flows`.
+"""Built-in algorithms (default plugin): the control flows of :mod:`rlcore.flows`.
 
 Registered lazily as ``"module:Class"`` strings, so loading plugins imports neither the flows nor torch.
 """
@@ -7,13 +7,13 @@ from rlcore import hookimpl
 
 #: Algorithm name (a preset of :mod:`rlcore.algorithms.presets`) -> its control flow.
 ALGORITHMS = {
-    "ppo": "rlcore.controller.flows.ppo:PPO",
-    "grpo": "rlcore.controller.flows.grpo:GRPO",
-    "rloo": "rlcore.controller.flows.grpo:RLOO",
-    "reinforce_plus_plus": "rlcore.controller.flows.grpo:ReinforcePlusPlus",
-    "gspo": "rlcore.controller.flows.grpo:GSPO",
-    "dapo": "rlcore.controller.flows.dapo:DAPO",
-    "remax": "rlcore.controller.flows.remax:ReMax",
+    "ppo": "rlcore.flows.ppo:PPO",
+    "grpo": "rlcore.flows.grpo:GRPO",
+    "rloo": "rlcore.flows.grpo:RLOO",
+    "reinforce_plus_plus": "rlcore.flows.grpo:ReinforcePlusPlus",
+    "gspo": "rlcore.flows.grpo:GSPO",
+    "dapo": "rlcore.flows.dapo:DAPO",
+    "remax": "rlcore.flows.remax:ReMax",
 }
 
 

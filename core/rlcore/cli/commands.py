@@ -14,7 +14,7 @@ import attrs
 
 from rlcore.config import ConfigError
 from rlcore.plugins import PluginError, get_plugin_manager
-from rlcore.registry import RegistryError
+from rlcore.plugins.registries import RegistryError
 
 
 class UserError(Exception):
@@ -40,8 +40,8 @@ def cmd_train(args: Any) -> int:
     with warnings.catch_warnings(record=True) as early:
         warnings.simplefilter("default")
         config = _load(args)
-        from rlcore.controller.preflight import check_run
-        from rlcore.controller.run import run_training
+        from rlcore.trainer.preflight import check_run
+        from rlcore.trainer.run import run_training
 
         # Everything checkable without starting engines fails here, before the run directory exists.
         try:
@@ -167,7 +167,7 @@ def cmd_env(args: Any) -> int:
 
 
 def cmd_export(args: Any) -> int:
-    from rlcore.controller.export import export_checkpoint
+    from rlcore.trainer.export import export_checkpoint
 
     try:
         export_checkpoint(args.checkpoint, args.out, role=args.role)

@@ -248,7 +248,7 @@ def _data_files(instance: Any, attribute: attrs.Attribute, value: list[str]) -> 
 @attrs.define(kw_only=True)
 class SFTConfig:
     """Supervised fine-tuning data: the warm-up before RL (``trainer.warmup_sft_steps``) trains the
-    actor on it with the actor's own engine and optimizer (see :mod:`rlcore.controller.sft`)."""
+    actor on it with the actor's own engine and optimizer (see :mod:`rlcore.trainer.sft`)."""
 
     #: Files of rows with ``prompt`` (chat messages, as in ``data.train_files``) and a response text
     #: (parquet or jsonl); ``builtin:<task>/sft.jsonl`` for a built-in task's answers.

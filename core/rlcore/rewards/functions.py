@@ -32,7 +32,7 @@ def known_data_sources() -> list[str]:
 def reward_function_for(data_source: str) -> ScoreFn:
     """The scorer registered for ``data_source``; a clear error listing known data sources otherwise."""
     from rlcore.plugins import registry
-    from rlcore.registry import RegistryError
+    from rlcore.plugins.registries import RegistryError
 
     functions = registry("reward_functions")
     if data_source not in functions:

@@ -2,7 +2,7 @@
 group of its own, and the start-up checks of the model folder it names.
 
 Light to import (the config schema imports it; no torch). The checks read files only (``config.json``,
-the tokenizer), so ``rlcore train`` runs them before any engine starts (:mod:`rlcore.controller.preflight`) and the trainer runs them again for runs started
+the tokenizer), so ``rlcore train`` runs them before any engine starts (:mod:`rlcore.trainer.preflight`) and the trainer runs them again for runs started
 from Python.
 """
 
@@ -159,7 +159,7 @@ def num_labels(hf_config: dict[str, Any]) -> int:
 def _engine_problem(config: Any) -> str | None:
     """The engine must implement the ``score`` head (engines declare theirs in ``TrainEngine.heads``)."""
     from rlcore.plugins import registry
-    from rlcore.registry import RegistryError
+    from rlcore.plugins.registries import RegistryError
 
     name = reward_model_engine(config)
     key = "reward_model.engine" if config.reward_model.engine else "engine"

@@ -14,12 +14,11 @@ layer of the local sandbox guarantees is in ``docs/agents.md``, "The sandbox".
 
 from __future__ import annotations
 
-import importlib
 import os
-from typing import Any
 
 from rlcore.sandbox.api import STATUSES, Sandbox, SandboxLimits, SandboxResult, run_coroutine_sync
 from rlcore.sandbox.config import SANDBOX_ENV, SandboxConfig, default_sandbox_config, export_default
+from rlcore.sandbox.factory import BUILTIN_SANDBOXES, SandboxError, get_sandbox
 
 __all__ = [
     "BUILTIN_SANDBOXES",
@@ -36,43 +35,6 @@ __all__ = [
     "get_sandbox",
     "run_coroutine_sync",
 ]
-
-
-#: Built-in sandboxes (registered by ``rlcore.builtin.sandboxes`` from this table).
-BUILTIN_SANDBOXES = {
-    "local": "rlcore.sandbox.local:LocalSandbox",
-    "http": "rlcore.sandbox.http:HttpSandbox",
-}
-
-
-class SandboxError(ValueError):
-    """A sandbox could not be built (unknown name, bad options); the message says what to do."""
-
-
-def get_sandbox(name: str = "local", **options: Any) -> Sandbox:
-    """Build the sandbox registered as ``name`` with ``options`` (``limits=`` and its own keywords).
-
-    A built-in name is imported directly: loading every plugin (torch with them) would cost a reward
-    worker seconds on its first sample. Other names come from the ``sandboxes`` registry.
-    """
-    if name in BUILTIN_SANDBOXES:
-        module, _, attr = BUILTIN_SANDBOXES[name].partition(":")
-        cls = getattr(importlib.import_module(module), attr)
-    else:
-        from rlcore.plugins import registry
-        from rlcore.registry import RegistryError
-
-        try:
-            cls = registry("sandboxes").get(name)
-        except RegistryError as exc:
-            raise SandboxError(f"{exc}\nSet sandbox.name to one of the installed sandboxes.") from exc
-    try:
-        return cls(**options)
-    except TypeError as exc:
-        raise SandboxError(
-            f"sandbox {name!r} ({cls.__module__}.{cls.__qualname__}) does not take these options: {exc}. "
-            "Check sandbox.options."
-        ) from exc
 
 
 _defaults: dict[str, Sandbox] = {}

@@ -15,6 +15,7 @@ from typing import Any
 import attrs
 
 from rlcore.sandbox.api import Sandbox, SandboxLimits
+from rlcore.sandbox.factory import get_sandbox
 
 #: Environment variable carrying the run's ``sandbox:`` section as JSON.
 SANDBOX_ENV = "RLCORE_SANDBOX"
@@ -36,8 +37,6 @@ class SandboxConfig:
 
     def build(self) -> Sandbox:
         """The configured sandbox."""
-        from rlcore.sandbox import get_sandbox
-
         return get_sandbox(self.name, limits=self.limits, **self.options)
 
 

@@ -19,7 +19,7 @@ from rlcore.agents.builtin_tools import Calculator
 from rlcore.agents.episode import AgentLoop, EpisodeLimits
 from rlcore.agents.observations import Observations
 from rlcore.api import RolloutSpec, SamplingParams
-from rlcore.controller.workers import RolloutWorker
+from rlcore.cluster.workers import RolloutWorker
 from rlcore.devices import get_platform
 from rlcore.rollout.batching import completions_to_batch
 from rlcore.rollout.config import HFRolloutConfig

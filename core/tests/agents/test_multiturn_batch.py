@@ -60,7 +60,7 @@ def test_sequence_score_sits_on_the_last_model_token():
 
 
 def test_step_metrics_count_tool_tokens_apart():
-    from rlcore.controller.metrics import batch_metrics
+    from rlcore.telemetry.metrics import batch_metrics
 
     c1 = Completion([5, 6], [7, 8, 30, 31, 9, 2], [-0.1] * 6, "stop", "", [1, 1, 0, 0, 1, 1])
     c2 = Completion([4, 4, 4], [7, 2], [-0.5, -0.6], "stop", "")

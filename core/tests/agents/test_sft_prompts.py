@@ -4,9 +4,9 @@ import json
 
 from rlcore.agents import AgentConfig
 from rlcore.agents.config import data_with_tools
-from rlcore.controller.sft import load_sft_examples
 from rlcore.data import DataConfig, RLDataset
 from rlcore.testing.tiny import build_tiny_tokenizer
+from rlcore.trainer.sft import load_sft_examples
 
 TEMPLATE = (
     "{% if tools %}<|im_start|>system\n{% for t in tools %}{{ t['function']['name'] }}\n{% endfor %}<|im_end|>\n"

@@ -8,7 +8,7 @@ import torch
 from rlcore import algorithms
 from rlcore.algorithms import ActorLoss, CriticLoss, get_preset
 from rlcore.api import Batch
-from rlcore.registry import RegistryError
+from rlcore.plugins.registries import RegistryError
 
 
 def make_batch(seed=0, batch=8, length=6):

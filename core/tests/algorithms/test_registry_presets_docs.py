@@ -10,7 +10,7 @@ from rlcore.algorithms import PRESETS, get_preset
 from rlcore.api import Batch
 from rlcore.builtin import algorithms as builtin
 from rlcore.plugins import registry, reset_plugins
-from rlcore.registry import RegistryError
+from rlcore.plugins.registries import RegistryError
 
 DOCS = pathlib.Path(__file__).resolve().parents[3] / "docs" / "algorithms.md"
 

@@ -220,14 +220,14 @@ def test_wrong_type_for_a_name_is_a_type_error_not_a_lookup():
 
 # -- what `rlcore train` checks before it makes the run directory ---------------------------------
 def test_check_run_passes_the_defaults_and_a_ppo_run():
-    from rlcore.controller.preflight import check_run
+    from rlcore.trainer.preflight import check_run
 
     check_run(load_config())
     check_run(load_config(overrides=["algorithm.name=ppo", "transport.name=broadcast", "trainer.device=cpu"]))
 
 
 def test_check_run_refuses_what_the_hybrid_placement_cannot_do():
-    from rlcore.controller.preflight import check_run
+    from rlcore.trainer.preflight import check_run
 
     check_run(
         load_config(overrides=["trainer.placement=hybrid", "actor.world_size=2", "rollout.num_engines=2"])
@@ -249,7 +249,7 @@ def test_check_run_refuses_what_the_hybrid_placement_cannot_do():
 
 
 def test_check_run_names_every_problem_it_finds(tmp_path):
-    from rlcore.controller.preflight import check_run
+    from rlcore.trainer.preflight import check_run
 
     config = load_config(
         overrides=[

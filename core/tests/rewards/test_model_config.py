@@ -9,9 +9,8 @@ import sys
 from pathlib import Path
 
 import pytest
+from rlcore.cluster.placement import role_sizes_from_config
 from rlcore.config import load_config
-from rlcore.controller.placement import role_sizes_from_config
-from rlcore.controller.preflight import check_run
 from rlcore.rewards.model_config import (
     RewardModelConfig,
     absolute_paths,
@@ -20,6 +19,7 @@ from rlcore.rewards.model_config import (
     reward_model_spec,
 )
 from rlcore.testing.tiny_reward import build_tiny_reward_model
+from rlcore.trainer.preflight import check_run
 
 RLCORE = Path(sys.executable).with_name("rlcore")
 
@@ -149,10 +149,10 @@ def test_rlcore_train_runs_rule_and_model_rewards_together(tmp_path, tiny_model_
     (``reward_model.engine`` differs from ``engine``), its score added to the rule reward."""
     import importlib.util
 
-    from rlcore.controller.loggers import read_metrics
+    from rlcore.telemetry.loggers import read_metrics
 
     spec = importlib.util.spec_from_file_location(
-        "trainer_task", Path(__file__).parents[1] / "controller" / "trainer_task.py"
+        "trainer_task", Path(__file__).parents[1] / "trainer" / "trainer_task.py"
     )
     task = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(task)
@@ -190,10 +190,10 @@ def test_grpo_raises_the_reward_models_score(tmp_path, tiny_model_path, rm_path)
     what the tiny reward model, on the FSDP engine, scores higher."""
     import importlib.util
 
-    from rlcore.controller.run import run_training
+    from rlcore.trainer.run import run_training
 
     spec = importlib.util.spec_from_file_location(
-        "trainer_task", Path(__file__).parents[1] / "controller" / "trainer_task.py"
+        "trainer_task", Path(__file__).parents[1] / "trainer" / "trainer_task.py"
     )
     task = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(task)

@@ -6,7 +6,7 @@ import os
 
 import torch
 from rlcore.api import RolloutSpec, SamplingParams
-from rlcore.controller.workers import RolloutWorker
+from rlcore.cluster.workers import RolloutWorker
 from rlcore.testing.fake_device import ROLLOUT_ENV, FakeDevicePlatform
 from transformers import AutoModelForCausalLM
 

@@ -14,11 +14,11 @@ import os
 from pathlib import Path
 
 from rich.console import Console
-from rlcore.controller.run import run_training
 from rlcore.sandbox import SANDBOX_ENV
+from rlcore.trainer.run import run_training
 
 _spec = importlib.util.spec_from_file_location(
-    "trainer_task", Path(__file__).parents[1] / "controller" / "trainer_task.py"
+    "trainer_task", Path(__file__).parents[1] / "trainer" / "trainer_task.py"
 )
 task = importlib.util.module_from_spec(_spec)
 _spec.loader.exec_module(task)

@@ -4,10 +4,10 @@ and its files and recipe through the real loaders."""
 import pytest
 from rlcore.agents.tool_calls import ToolCall, parse_tool_calls
 from rlcore.config import load_config
-from rlcore.controller.sft import load_sft_examples
 from rlcore.plugins import registry
 from rlcore.tasks import tool_add, write_split
 from rlcore.testing.tiny import build_tiny_tokenizer
+from rlcore.trainer.sft import load_sft_examples
 
 
 @pytest.fixture(scope="module")

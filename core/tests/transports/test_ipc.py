@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 import torch
-from rlcore.controller.roles import resolve_transport_name
+from rlcore.cluster.roles import resolve_transport_name
 from rlcore.plugins import registry
 from rlcore.transports import TransportConfig, build_transport
 from rlcore.transports.ipc import ALIGN, IPCHandle, IPCTransport, pack, unpack

@@ -1,0 +1,118 @@
+"""What a resolved run config builds for the engines: each train role's :class:`~rlcore.api.EngineSpec`
+and the rollout's :class:`~rlcore.api.RolloutSpec`, the plugin config section and world size of each
+role, and the dtype the weight stream is sent in.
+
+Below the loop and the algorithm flows, which both read these (the flows' weight sync needs the
+rollout's dtype).
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Any
+
+import attrs
+
+from rlcore.api import EngineSpec, RolloutSpec
+from rlcore.api.train_engine import AUTO_MICRO_BATCH
+
+#: ``EngineSpec.micro_batch_size`` while an ``"auto"`` budget is pending: the worker replaces it with the
+#: rows its budget holds (rlcore.cluster.micro_batching.resolve).
+DEFAULT_MICRO_BATCH_SIZE = 8
+
+
+def optimizer_steps(config: Any) -> int:
+    """Optimizer steps of the whole run (the LR schedule's length): per training step, ``ppo_epochs``
+    passes of ``train_batch_size / ppo_mini_batch_size`` mini-batches; plus the SFT warm-up's steps."""
+    mini = config.actor.ppo_mini_batch_size
+    per_epoch = 1 if mini is None else math.ceil(config.data.train_batch_size / mini)
+    return config.trainer.total_steps * config.actor.ppo_epochs * per_epoch + config.trainer.warmup_sft_steps
+
+
+def engine_spec(config: Any, role: str) -> EngineSpec:
+    """The :class:`~rlcore.api.EngineSpec` of train role ``role`` (``actor``, ``critic``, ``reference``,
+    ``reward_model``)."""
+    if role == "reward_model":
+        from rlcore.rewards.model_config import reward_model_spec
+
+        return reward_model_spec(config)
+    temperature = config.rollout.temperature if config.rollout.temperature > 0 else 1.0
+    section = config.critic if role == "critic" else config.actor
+    optim = section.optim
+    return EngineSpec(
+        model_path=(config.critic.model_path or config.model.path) if role == "critic" else config.model.path,
+        head="value" if role == "critic" else "lm",
+        trainable=role != "reference",
+        dtype=config.model.dtype,
+        lr=optim.lr,
+        weight_decay=optim.weight_decay,
+        betas=tuple(optim.betas),
+        grad_clip=optim.grad_clip,
+        warmup_steps=optim.warmup_steps,
+        total_steps=optimizer_steps(config),
+        lr_schedule=optim.lr_schedule,
+        min_lr_ratio=optim.min_lr_ratio,
+        micro_batch_size=section.micro_batch_size or DEFAULT_MICRO_BATCH_SIZE,
+        max_tokens_per_micro_batch=micro_batch_tokens(section, role),
+        max_sequence_length=config.data.max_prompt_length + config.rollout.max_response_length,
+        gradient_checkpointing=config.actor.gradient_checkpointing if role != "critic" else False,
+        temperature=temperature,
+        seed=config.trainer.seed,
+    )
+
+
+def micro_batch_tokens(section: Any, role: str) -> int | str | None:
+    """``EngineSpec.max_tokens_per_micro_batch`` of ``role`` from its config ``section``: the actor's (and
+    reference's) explicit budget, else ``"auto"`` (the worker sizes one from its device,
+    :mod:`rlcore.cluster.micro_batching`) unless ``micro_batch_size`` fixes the rows."""
+    budget = None if role == "critic" else section.max_tokens_per_micro_batch
+    if budget is not None:
+        return budget
+    return AUTO_MICRO_BATCH if section.micro_batch_size is None else None
+
+
+def rollout_dtype_name(config: Any) -> str:
+    """The rollout engine's parameter dtype: ``rollout.dtype``, else ``model.dtype``."""
+    return config.rollout.dtype or config.model.dtype
+
+
+def rollout_spec(config: Any) -> RolloutSpec:
+    return RolloutSpec(
+        model_path=config.model.path,
+        dtype=rollout_dtype_name(config),
+        tensor_parallel_size=config.rollout.tensor_parallel_size,
+        max_model_len=config.data.max_prompt_length + config.rollout.max_response_length,
+        gpu_memory_utilization=config.rollout.gpu_memory_utilization,
+        seed=config.trainer.seed,
+    )
+
+
+def engine_section(config: Any, kind: str, name: str) -> Any:
+    """Engine ``name``'s config section (``kind``: ``train_engines`` or ``rollout_engines``).
+
+    A train and a rollout engine of the same name (the fakes) share one YAML section; each gets the
+    fields its own config class has.
+    """
+    from rlcore.plugins import registry
+
+    section = config.plugins.get(name)
+    cls = registry(kind).entry(name).options.get("config")
+    if section is None or cls is None or isinstance(section, cls):
+        return section
+    shared = {f.name: getattr(section, f.name) for f in attrs.fields(cls) if hasattr(section, f.name)}
+    return cls(**shared)
+
+
+def role_engine(config: Any, role: str) -> str:
+    """The train engine plugin of ``role``: ``reward_model.engine`` for the reward model (when set), else
+    the run's ``engine``."""
+    if role == "reward_model":
+        from rlcore.rewards.model_config import reward_model_engine
+
+        return reward_model_engine(config)
+    return config.engine
+
+
+def role_world_size(config: Any, role: str) -> int:
+    sizes = {"critic": config.critic.world_size, "reward_model": config.reward_model.world_size}
+    return sizes.get(role, config.actor.world_size)

@@ -1,0 +1,302 @@
+"""The phases an algorithm's step is made of, each one function over the :class:`StepContext`.
+
+Every phase takes the step's batch, adds fields, and returns it; it times itself as
+``timing/<phase>``, puts the roles' memory in the state it needs (:class:`MemoryPlan`), and records its
+metrics in ``ctx.metrics``. The batch layout is the standard one (:mod:`rlcore.api.batch`).
+
+=======================  ==========================================  ===================================
+phase                    adds                                        roles
+=======================  ==========================================  ===================================
+``generate``             ``prompts, responses, input_ids,            rollout
+                         attention_mask, position_ids,
+                         response_mask, rollout_log_probs [B*n, .]``,
+                         objects ``uid, response_text`` + prompt's
+                         (with ``agent.enabled``: multi-turn
+                         episodes, ``response_mask`` 0 on tool
+                         tokens, objects ``agent_info``)
+``score``                ``token_level_scores [B, R]``               reward provider (driver)
+``compute_old_log_probs`` ``old_log_probs [B, R]`` (skipped when     actor
+                         on-policy: :func:`needs_old_log_probs`)
+``compute_ref_log_probs`` ``ref_log_prob [B, R]``                    reference
+``compute_values``       ``values [B, R]``                           critic
+``compute_advantages``   ``token_level_rewards, advantages,          (driver)
+                         returns [B, R]``
+``update_critic``        -                                           critic
+``update_actor``         -                                           actor
+``sync_weights``         -                                           actor -> rollout
+=======================  ==========================================  ===================================
+"""
+
+from __future__ import annotations
+
+import torch
+
+from rlcore.algorithms import compute_advantage
+from rlcore.algorithms.kl import apply_kl_penalty
+from rlcore.api import Batch
+from rlcore.config.specs import rollout_dtype_name
+from rlcore.flows.context import StepContext
+from rlcore.rollout.batching import completions_to_batch
+from rlcore.rollout.sync_check import compare_log_probs
+from rlcore.telemetry.metrics import prefixed
+
+#: Prompt fields replaced by the generated batch's own (prompt + response layout).
+_PROMPT_TENSORS = ("prompts", "prompt_mask", "attention_mask")
+#: Tokens the post-sync check generates per probe prompt.
+PROBE_TOKENS = 16
+
+
+def prompt_token_ids(prompts: Batch) -> list[list[int]]:
+    """Each row's prompt without its left padding (``prompts``/``prompt_mask [B, P]``)."""
+    ids, mask = prompts["prompts"], prompts["prompt_mask"].bool()
+    return [ids[i][mask[i]].tolist() for i in range(len(prompts))]
+
+
+def generate(
+    ctx: StepContext,
+    prompts: Batch,
+    *,
+    n: int | None = None,
+    temperature: float | None = None,
+    phase: str = "generate",
+) -> Batch:
+    """Sample ``n`` (default ``rollout.n``) responses per prompt: ``B * n`` rows, prompt-major.
+
+    Rows of one prompt share its ``uid`` (assigned here unless the prompts carry one) and its objects
+    (``data_source``, ``ground_truth``, ``extra_info``, ``index`` ...).
+
+    With ``agent.enabled`` every sample is a multi-turn episode with tools (:mod:`rlcore.agents`): the
+    response holds model turns and tool observations, ``response_mask`` is 0 on the observations, each
+    row's ``extra_info`` gains ``agent`` (turns, tool calls, the final turn's text) for reward functions,
+    and ``agent/*`` metrics are recorded.
+    """
+    params = ctx.sampling_params(n=n, temperature=temperature)
+    if "uid" not in prompts.objects:
+        prompts.objects["uid"] = ctx.new_uids(len(prompts))
+    agent = getattr(ctx.config, "agent", None)
+    with ctx.phase(phase):
+        ctx.memory.use("generate")
+        if agent is not None and agent.enabled:
+            model = ctx.config.model
+            completions = ctx.rollout.run_episodes(
+                prompt_token_ids(prompts), params, agent, model.tokenizer_path or model.path
+            )
+        else:
+            completions = ctx.rollout.generate(prompt_token_ids(prompts), params)
+    batch = completions_to_batch(completions, ctx.pad_token_id)
+    texts = batch.objects["response_text"]
+    flat = [c for group in completions for c in group]
+    for i, c in enumerate(flat):
+        if not texts[i] and c.token_ids:  # an engine without a tokenizer returns token ids only
+            texts[i] = ctx.tokenizer.decode(c.token_ids, skip_special_tokens=True)
+    expanded = prompts.repeat(params.n, interleave=True)
+    for key, values in expanded.objects.items():
+        batch.objects.setdefault(key, values)
+    for key, values in expanded.tensors.items():
+        if key not in _PROMPT_TENSORS:
+            batch.tensors.setdefault(key, values)
+    if "agent_info" in batch.objects:
+        _add_agent_info(ctx, batch)
+    return batch
+
+
+def _add_agent_info(ctx: StepContext, batch: Batch) -> None:
+    """Each row's episode facts into its own copy of ``extra_info`` (rows of a prompt shared one), and
+    ``agent/*`` metrics: turns, tool calls and tool errors per episode, the share of episodes per
+    ``stop_reason``, and the share of tokens that are tool observations."""
+    infos = batch.objects["agent_info"]
+    extras = batch.objects.get("extra_info") or [None] * len(batch)
+    batch.objects["extra_info"] = [
+        {**(extra if isinstance(extra, dict) else {}), "agent": info}
+        for extra, info in zip(extras, infos, strict=True)
+    ]
+    rows = max(len(infos), 1)
+    metrics = {
+        f"agent/{key}/mean": sum(float(i.get(key, 0)) for i in infos) / rows
+        for key in ("turns", "tool_calls", "tool_errors")
+    }
+    for reason in ("answer", "max_turns", "length", "budget"):
+        metrics[f"agent/stop_{reason}"] = sum(i.get("stop_reason") == reason for i in infos) / rows
+    width = batch["prompts"].shape[1]
+    observed = batch["attention_mask"][:, width:].sum()
+    metrics["agent/tool_token_fraction"] = float(
+        (observed - batch["response_mask"].sum()) / observed.clamp(min=1)
+    )
+    ctx.record(metrics)
+
+
+def score(ctx: StepContext, batch: Batch, *, phase: str = "score") -> Batch:
+    """``token_level_scores [B, R]`` from the reward provider, plus its per-sample ``reward_extra_info``
+    and metrics (``reward/errors`` ...)."""
+    with ctx.phase(phase):
+        scored = ctx.reward.score(batch)
+    batch.tensors["token_level_scores"] = scored["token_level_scores"].to(torch.float32)
+    if "reward_extra_info" in scored.objects:
+        batch.objects["reward_extra_info"] = scored.objects["reward_extra_info"]
+    ctx.record(scored.meta.get("metrics", {}))
+    return batch
+
+
+def update_is_one_step(ctx: StepContext, batch: Batch) -> bool:
+    """Whether :func:`update_actor` makes a single optimizer step over ``batch``: one epoch, one
+    mini-batch holding every row (micro-batches inside that step do not matter: the weights do not
+    change between them)."""
+    actor = ctx.config.actor
+    mini = actor.ppo_mini_batch_size
+    return actor.ppo_epochs == 1 and (mini is None or mini * ctx.config.rollout.n >= len(batch))
+
+
+def needs_old_log_probs(ctx: StepContext, batch: Batch) -> bool:
+    """Whether the step must run :func:`compute_old_log_probs` before updating on ``batch``.
+
+    Not when the update is on-policy (:func:`update_is_one_step`) and nothing reads old log-probs before
+    it (a KL penalty in the reward does): the weights are then the same in the pass and in the update's
+    forward, which computes the same function (train engines run no dropout, and both use the rollout's
+    temperature), so :class:`~rlcore.algorithms.losses.ActorLoss` takes that forward's detached
+    log-probs instead and one actor forward over the batch is saved. ``actor.recompute_old_log_probs:
+    always`` keeps the pass.
+    """
+    if ctx.config.actor.recompute_old_log_probs == "always" or ctx.preset.use_kl_in_reward:
+        return True
+    return not update_is_one_step(ctx, batch)
+
+
+def compute_old_log_probs(ctx: StepContext, batch: Batch) -> Batch:
+    """``old_log_probs [B, R]``: the actor's log-probs of the sampled tokens before this step's update.
+
+    Also records how far the rollout's own log-probs are from them (``rollout/logprob_diff_*``): the
+    same quantity the post-sync check measures, over the whole batch and for free. (When the pass is
+    skipped, the actor loss records ``rollout/logprob_diff_mean`` from the update's forward.)
+    """
+    with ctx.phase("old_log_probs"):
+        ctx.memory.use("train")
+        out = ctx.actor.infer(batch, ("log_probs",))
+    batch.tensors["old_log_probs"] = out["log_probs"]
+    if "rollout_log_probs" in batch and bool(batch["response_mask"].any()):
+        diff = compare_log_probs(batch["rollout_log_probs"], out["log_probs"], batch["response_mask"])
+        ctx.record({k.replace("sync/", "rollout/"): v for k, v in diff.items()})
+    return batch
+
+
+def compute_ref_log_probs(ctx: StepContext, batch: Batch) -> Batch:
+    """``ref_log_prob [B, R]`` from the frozen reference policy."""
+    with ctx.phase("ref_log_probs"):
+        ctx.memory.use("train")
+        out = ctx.reference.infer(batch, ("log_probs",))
+    batch.tensors["ref_log_prob"] = out["log_probs"]
+    return batch
+
+
+def compute_values(ctx: StepContext, batch: Batch) -> Batch:
+    """``values [B, R]`` from the critic, before its update (the GAE baseline and the clip centre)."""
+    with ctx.phase("values"):
+        ctx.memory.use("train")
+        out = ctx.critic.infer(batch, ("values",))
+    batch.tensors["values"] = out["values"]
+    return batch
+
+
+def compute_advantages(ctx: StepContext, batch: Batch) -> Batch:
+    """``token_level_rewards`` (scores minus the KL penalty when the preset puts KL in the reward),
+    then ``advantages``/``returns`` from the preset's estimator. ``reward_baselines [B]`` (ReMax) and
+    ``values`` (GAE) are passed when the batch has them."""
+    preset = ctx.preset
+    with ctx.phase("advantages"):
+        rewards = batch["token_level_scores"]
+        if preset.use_kl_in_reward:
+            rewards, kl_metrics = apply_kl_penalty(
+                rewards,
+                batch["old_log_probs"],
+                batch["ref_log_prob"],
+                batch["response_mask"],
+                ctx.kl_ctrl,
+                preset.kl_penalty,
+            )
+            ctx.record(kl_metrics)
+        batch.tensors["token_level_rewards"] = rewards
+        advantages, returns = compute_advantage(
+            preset.adv_estimator,
+            token_level_rewards=rewards,
+            response_mask=batch["response_mask"],
+            index=batch.get("uid"),
+            values=batch.get("values"),
+            reward_baselines=batch.get("reward_baselines"),
+            gamma=preset.gamma,
+            lam=preset.lam,
+            norm_adv_by_std_in_grpo=preset.norm_adv_by_std_in_grpo,
+        )
+    batch.tensors["advantages"], batch.tensors["returns"] = advantages, returns
+    return batch
+
+
+def _train(ctx: StepContext, role, batch: Batch, loss, epochs: int, phase: str) -> dict[str, float]:
+    mini = ctx.config.actor.ppo_mini_batch_size
+    # ppo_mini_batch_size counts prompts; every prompt carries rollout.n responses.
+    size = None if mini is None else mini * ctx.config.rollout.n
+    with ctx.phase(phase):
+        ctx.memory.use("train")
+        metrics = role.train(
+            batch, loss, mini_batch_size=size, epochs=epochs, shuffle_seed=ctx.sampling_seed(stream=7)
+        )
+    metrics = prefixed(role.name, metrics)
+    ctx.record(metrics)
+    return metrics
+
+
+def update_critic(ctx: StepContext, batch: Batch, loss) -> dict[str, float]:
+    """``critic.ppo_epochs`` passes of the value loss over the batch."""
+    return _train(ctx, ctx.critic, batch, loss, ctx.config.critic.ppo_epochs, "update_critic")
+
+
+def update_actor(ctx: StepContext, batch: Batch, loss) -> dict[str, float]:
+    """``actor.ppo_epochs`` passes of the policy loss over the batch. A batch without ``old_log_probs``
+    (:func:`needs_old_log_probs` said the pass was redundant) must make a single optimizer step: after
+    the first, the update's own log-probs are no longer the old policy's."""
+    if "old_log_probs" not in batch and not update_is_one_step(ctx, batch):
+        actor = ctx.config.actor
+        raise ValueError(
+            f"update_actor: the batch has no old_log_probs, but actor.ppo_epochs={actor.ppo_epochs} and "
+            f"actor.ppo_mini_batch_size={actor.ppo_mini_batch_size} (x rollout.n={ctx.config.rollout.n}) "
+            f"make several optimizer steps over its {len(batch)} rows; run compute_old_log_probs first "
+            "(needs_old_log_probs says when)"
+        )
+    return _train(ctx, ctx.actor, batch, loss, ctx.config.actor.ppo_epochs, "update_actor")
+
+
+def check_due(ctx: StepContext) -> bool:
+    """Whether the sync at the end of step ``ctx.step`` (0: the initial one) runs the post-sync check:
+    the first two syncs, then every ``transport.check_interval`` steps."""
+    return bool(ctx.probe_prompts) and (ctx.step <= 1 or ctx.step % ctx.config.transport.check_interval == 0)
+
+
+def sync_weights(ctx: StepContext) -> dict[str, float]:
+    """Push the actor's weights to every rollout engine, then, when :func:`check_due`, run the post-sync
+    check: the rollout generates from the probe prompts and the actor scores the same tokens;
+    ``sync/logprob_diff_mean`` above ``transport.max_logprob_diff`` stops the run
+    (:class:`~rlcore.rollout.sync_check.WeightSyncMismatch`)."""
+    from rlcore.cluster.roles import sync_weights as push
+
+    with ctx.phase("sync_weights"):
+        ctx.memory.use("sync")
+        metrics = push(ctx.actor, ctx.rollout, ctx.transport, rollout_dtype_name(ctx.config))
+        if check_due(ctx):
+            ctx.memory.use("check")
+            params = ctx.sampling_params(
+                n=1, max_tokens=min(PROBE_TOKENS, ctx.config.rollout.max_response_length)
+            )
+            completions = ctx.rollout.generate(ctx.probe_prompts, params)
+            probe = completions_to_batch(completions, ctx.pad_token_id)
+            if bool(probe["response_mask"].any()):
+                trainer = ctx.actor.infer(probe, ("log_probs",))
+                metrics.update(
+                    compare_log_probs(
+                        probe["rollout_log_probs"],
+                        trainer["log_probs"],
+                        probe["response_mask"],
+                        threshold=ctx.config.transport.max_logprob_diff,
+                        train_engine=ctx.config.engine,
+                        rollout_engine=ctx.config.rollout.engine,
+                    )
+                )
+    ctx.record(metrics)
+    return metrics

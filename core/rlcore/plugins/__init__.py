@@ -1,0 +1,273 @@
+"""Plugin loading: default (built-in) plugins plus entry points in the ``rlcore`` group.
+
+Environment variables control autoloading of entry-point plugins (built-ins always load):
+
+``RLCORE_LOAD_PLUGINS=a,b``
+    load only these (entry-point or distribution names); set but empty: load none.
+``RLCORE_BLOCK_PLUGINS=a,b``
+    never load these.
+
+A plugin that fails to import, declares another plugin API version, or raises inside a hook is recorded
+with its real exception and the others still load; a lookup that misses quotes those failures. Every
+process (the driver and each Ray worker) loads plugins on first use of :func:`registry`.
+
+A plugin that loads but cannot work on this machine (its engine library is absent, say) may define
+``plugin_status() -> str | None`` in its entry-point module: ``None`` when ready, else one line saying
+what is missing and what to do, which ``rlcore plugins`` shows as the plugin's ``note``. It must stay
+cheap (no engine import); an exception in it becomes the note. A note beginning ``no device:`` (a device
+platform plugin on a machine without its hardware) also sets the plugin's status to ``no device``: its
+names are registered, but auto-detection will not pick it here.
+"""
+
+from __future__ import annotations
+
+import difflib
+import importlib
+import importlib.metadata as md
+import os
+import threading
+import traceback
+from typing import Any
+
+import attrs
+import pluggy
+
+from rlcore import PLUGIN_API_VERSION, __version__, hookspecs
+from rlcore.plugins.registries import Registry
+
+ENTRY_POINT_GROUP = "rlcore"
+LOAD_ENV = "RLCORE_LOAD_PLUGINS"
+BLOCK_ENV = "RLCORE_BLOCK_PLUGINS"
+
+#: Built-in components, registered through the same hooks a third-party plugin implements.
+DEFAULT_PLUGINS = (
+    "rlcore.builtin.devices",
+    "rlcore.builtin.rollout",
+    "rlcore.builtin.transports",
+    "rlcore.builtin.rewards",
+    "rlcore.builtin.tasks",
+    "rlcore.builtin.algorithms",
+    "rlcore.builtin.flows",
+    "rlcore.builtin.sandboxes",
+    "rlcore.builtin.tools",
+    "rlcore.testing.plugin",
+)
+
+#: hook name -> (registry key, human kind, install hint)
+KINDS: dict[str, tuple[str, str, str | None]] = {
+    "register_train_engines": ("train_engines", "train engine", "pip install rlcore-{name}"),
+    "register_rollout_engines": ("rollout_engines", "rollout engine", "pip install rlcore-{name}"),
+    "register_reward_providers": ("reward_providers", "reward provider", None),
+    "register_reward_functions": ("reward_functions", "reward function", None),
+    "register_algorithms": ("algorithms", "algorithm", None),
+    "register_advantage_estimators": ("advantage_estimators", "advantage estimator", None),
+    "register_policy_losses": ("policy_losses", "policy loss", None),
+    "register_weight_transports": ("weight_transports", "weight transport", None),
+    "register_device_platforms": ("device_platforms", "device platform", "pip install rlcore-{name}"),
+    "register_sandboxes": ("sandboxes", "sandbox", None),
+    "register_tools": ("tools", "tool", None),
+}
+
+
+@attrs.define
+class PluginInfo:
+    """What ``rlcore plugins`` shows for one plugin."""
+
+    name: str
+    distribution: str | None
+    version: str | None
+    module: str
+    status: str  # "loaded" | "no device" | "failed" | "blocked" | "not selected"
+    error: str | None = None
+    builtin: bool = False
+    #: What a loaded plugin's ``plugin_status()`` said is missing on this machine (``None``: ready).
+    note: str | None = None
+    #: registry key -> names this plugin registered
+    registers: dict[str, list[str]] = attrs.field(factory=dict)
+
+
+#: Status of a loaded device plugin whose hardware this machine lacks (see the module docstring).
+NO_DEVICE = "no device"
+
+
+class PluginError(RuntimeError):
+    """A plugin could not be used; the message names it and says why."""
+
+
+def _split_env(name: str) -> set[str] | None:
+    value = os.environ.get(name)
+    if value is None:
+        return None
+    return {part.strip() for part in value.split(",") if part.strip()}
+
+
+class PluginManager:
+    """Loads plugins once and owns one :class:`Registry` per hook."""
+
+    def __init__(self) -> None:
+        self.pm = pluggy.PluginManager("rlcore")
+        self.pm.add_hookspecs(hookspecs)
+        self.plugins: dict[str, PluginInfo] = {}
+        self.registries: dict[str, Registry[Any]] = {
+            key: Registry(kind, hint) for key, kind, hint in KINDS.values()
+        }
+        self._load_defaults()
+        # A built-in implementing a hook nobody specified is a bug in rlcore: fail loudly.
+        self.pm.check_pending()
+        self._load_entry_points()
+        self._collect()
+
+    # -- loading ---------------------------------------------------------------------------------
+    def _load_defaults(self) -> None:
+        for module_name in DEFAULT_PLUGINS:
+            module = importlib.import_module(module_name)
+            self.pm.register(module, name=module_name)
+            self.plugins[module_name] = PluginInfo(
+                module_name, "rlcore", __version__, module_name, "loaded", builtin=True
+            )
+
+    def _load_entry_points(self) -> None:
+        only, blocked = _split_env(LOAD_ENV), _split_env(BLOCK_ENV) or set()
+        for ep in sorted(md.entry_points(group=ENTRY_POINT_GROUP), key=lambda e: e.name):
+            dist = ep.dist.name if ep.dist else None
+            version = ep.dist.version if ep.dist else None
+            info = PluginInfo(ep.name, dist, version, ep.value, "loaded")
+            self.plugins[ep.name] = info
+            names = {ep.name, dist} - {None}
+            if names & blocked:
+                info.status = "blocked"
+                info.error = f"blocked by {BLOCK_ENV}={os.environ[BLOCK_ENV]!r}"
+                continue
+            if only is not None and not names & only:
+                info.status = "not selected"
+                info.error = f"not listed in {LOAD_ENV}={os.environ[LOAD_ENV]!r}"
+                continue
+            try:
+                module = ep.load()
+                _check_api_version(ep.name, dist, module)
+                self.pm.register(module, name=ep.name)
+                # Checked per plugin (pluggy's check_pending is global): a misspelt hook name such as
+                # ``register_train_engine`` fails this plugin only, and the others still load.
+                _check_hook_names(self.pm, ep.name, dist)
+            except Exception as exc:
+                self._fail(info, exc)
+                continue
+            info.note = _status_note(module)
+            if info.note and info.note.startswith(NO_DEVICE + ":"):
+                info.status = NO_DEVICE
+
+    def _fail(self, info: PluginInfo, exc: BaseException) -> None:
+        """Record ``exc`` for ``info`` and take back everything the plugin registered."""
+        info.status = "failed"
+        info.error = "".join(traceback.format_exception(exc)).rstrip()
+        info.registers = {}
+        if self.pm.has_plugin(info.name):
+            self.pm.unregister(name=info.name)
+        for registry in self.registries.values():
+            registry.failed_plugins[info.name] = _one_line(exc)
+            registry.remove_plugin(info.name)
+
+    def _collect(self) -> None:
+        """Call every hook implementation, one plugin at a time, so registrations carry their plugin.
+
+        A plugin whose hook raises (a name registered twice included) is failed as a whole: what it
+        registered in earlier hooks is removed, so a half-loaded plugin never serves components.
+        """
+        for hook_name, (key, _kind, _hint) in KINDS.items():
+            registry = self.registries[key]
+            for impl in getattr(self.pm.hook, hook_name).get_hookimpls():
+                info = self.plugins[impl.plugin_name]
+                if info.status == "failed":
+                    continue
+                try:
+                    impl.function(register=registry.registrar(impl.plugin_name))
+                except Exception as exc:
+                    if info.builtin:
+                        raise
+                    self._fail(info, exc)
+        for key, registry in self.registries.items():
+            for entry in registry.entries():
+                self.plugins[entry.plugin].registers.setdefault(key, []).append(entry.name)
+
+
+def _one_line(exc: BaseException) -> str:
+    """``Type: message`` plus where a plugin's own code raised it (what a lookup miss quotes)."""
+    text = " ".join(traceback.format_exception_only(exc)).strip().replace("\n", " ")
+    frames = traceback.extract_tb(exc.__traceback__)
+    if frames and not isinstance(exc, PluginError):
+        text += f" ({frames[-1].filename}, line {frames[-1].lineno})"
+    return text
+
+
+def _status_note(module: Any) -> str | None:
+    """The plugin's own ``plugin_status()`` (see the module docstring), or ``None`` if it has none."""
+    status = getattr(module, "plugin_status", None)
+    if not callable(status):
+        return None
+    try:
+        note = status()
+    except Exception as exc:
+        return f"plugin_status() raised {type(exc).__name__}: {exc}"
+    return str(note) if note else None
+
+
+def _check_hook_names(pm: pluggy.PluginManager, name: str, dist: str | None) -> None:
+    """Raise :class:`PluginError` if plugin ``name`` implements a hook that :mod:`rlcore.hookspecs` lacks."""
+    known = sorted(KINDS)
+    for caller in pm.get_hookcallers(pm.get_plugin(name)) or []:
+        if caller.has_spec():
+            continue
+        if all(impl.optionalhook for impl in caller.get_hookimpls() if impl.plugin_name == name):
+            continue
+        close = difflib.get_close_matches(caller.name, known, n=1)
+        hint = f" Did you mean {close[0]!r}?" if close else ""
+        raise PluginError(
+            f"plugin {name!r} ({dist or 'unknown distribution'}) implements {caller.name!r}, which is not an "
+            f"rlcore hook.{hint} Hooks: {', '.join(known)}."
+        )
+
+
+def _check_api_version(name: str, dist: str | None, module: Any) -> None:
+    declared = getattr(module, "RLCORE_PLUGIN_API", None)
+    where = f"plugin {name!r} ({dist or 'unknown distribution'}, module {module.__name__})"
+    if declared is None:
+        raise PluginError(
+            f"{where} does not declare RLCORE_PLUGIN_API. Add `RLCORE_PLUGIN_API = {PLUGIN_API_VERSION}` "
+            f"to {module.__name__} once it works with rlcore {__version__}."
+        )
+    if not isinstance(declared, int) or isinstance(declared, bool):
+        raise PluginError(
+            f"{where} sets RLCORE_PLUGIN_API = {declared!r}; it must be an integer "
+            f"(this rlcore provides API {PLUGIN_API_VERSION})."
+        )
+    if declared != PLUGIN_API_VERSION:
+        raise PluginError(
+            f"{where} targets rlcore plugin API {declared}, but rlcore {__version__} provides API "
+            f"{PLUGIN_API_VERSION}. Install a version of {dist or name} built for plugin API "
+            f"{PLUGIN_API_VERSION}, or an rlcore that provides API {declared}."
+        )
+
+
+_manager: PluginManager | None = None
+_lock = threading.Lock()
+
+
+def get_plugin_manager() -> PluginManager:
+    """The process-wide plugin manager, created (and plugins loaded) on first use."""
+    global _manager
+    with _lock:
+        if _manager is None:
+            _manager = PluginManager()
+        return _manager
+
+
+def reset_plugins() -> None:
+    """Forget loaded plugins (tests change environment variables, then reload)."""
+    global _manager
+    with _lock:
+        _manager = None
+
+
+def registry(key: str) -> Registry[Any]:
+    """The registry for ``key`` (``"train_engines"``, ``"rollout_engines"``, ... see :data:`KINDS`)."""
+    return get_plugin_manager().registries[key]

@@ -1,0 +1,396 @@
+"""The single controller's run: setup, the step loop, validation, checkpoints and metrics.
+
+:class:`Trainer` owns everything around an algorithm's step: it builds the roles (engines on Ray or in
+this process), the data loaders, the reward provider and the weight transport; it runs
+``Algorithm.step`` once per training step, validates on schedule, saves and resumes checkpoints, and
+feeds the metric sinks. The algorithm owns only its step (:mod:`rlcore.flows`).
+
+The config handed to :class:`Trainer` must name model folders (``run.prepare_run`` resolves
+``builtin:tiny``).
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import attrs
+from rlcore.api import Batch
+from rlcore.flows import resolve_preset
+from rlcore.flows.context import MemoryPlan, StepContext
+from rlcore.flows.phases import generate, score, sync_weights
+from rlcore.telemetry.loggers import MetricsLogger, build_loggers, check_logger_names
+from rlcore.telemetry.metrics import mean_by, throughput
+from rlcore.trainer import checkpoint as ckpt
+from rlcore.trainer.build import build_roles, load_tokenizer, seed_everything
+from rlcore.trainer.checkpoint import TRAINED_ROLES
+
+logger = logging.getLogger(__name__)
+
+
+def _device_memory_separate(actor: Any) -> bool:
+    """Whether the actor's devices have memory apart from the host's: where they do not (CPUs), the
+    colocated roles' release/resume calls would free nothing, so the memory plan stays off."""
+    return all(actor.group.call_all("memory_separate_from_host"))
+
+
+# -- the run ---------------------------------------------------------------------------------------
+class Trainer:
+    """One training run in ``run_dir``. Construction does the whole setup (and resumes from a
+    checkpoint as ``trainer.resume`` says); :meth:`fit` trains; :meth:`close` releases everything.
+
+    ``history`` holds one record per logged step (``{"step": k, metric: value ...}``; step 0 holds the
+    validation before training and the first weight sync).
+    """
+
+    def __init__(self, config: Any, run_dir: str | Path, *, console: Any = None, config_yaml: str = ""):
+        self.config, self.run_dir, self.config_yaml = config, Path(run_dir), config_yaml
+        self.step = 0
+        self.history: list[dict[str, Any]] = []
+        self.resumed_from: Path | None = None
+        self.sinks: list[MetricsLogger] = []
+        self._closers: list[Any] = []
+        try:
+            self._setup(console)
+        except BaseException:
+            self.close()
+            raise
+
+    # -- setup -----------------------------------------------------------------------------------
+    def _setup(self, console: Any) -> None:
+        from rlcore.agents.config import data_with_tools
+        from rlcore.algorithms.kl import make_kl_controller
+        from rlcore.cluster.roles import resolve_transport_name
+        from rlcore.data import build_train_loader, build_val_loader
+        from rlcore.plugins import registry
+        from rlcore.sandbox import export_default
+
+        cfg = self.config
+        seed_everything(cfg.trainer.seed)
+        # Before any worker starts: reward workers and Ray workers inherit RLCORE_SANDBOX.
+        export_default(cfg.sandbox)
+        check_logger_names(cfg.trainer.loggers)
+        algorithm_cls = registry("algorithms").get(cfg.algorithm.name)
+        self.preset = resolve_preset(cfg.algorithm, algorithm_cls)
+        self.algorithm = algorithm_cls(self.preset, cfg)
+        self.tokenizer = load_tokenizer(cfg)
+        data = data_with_tools(cfg.data, cfg.agent)  # agent runs: prompts offer the tools
+        self.train_loader = build_train_loader(data, self.tokenizer)
+        self.val_loader = build_val_loader(data, self.tokenizer)
+        self._batches = iter(self.train_loader)
+        self.sft_examples = self._sft_examples()  # bad warm-up data fails before any engine starts
+        self.reward = self._rule_reward()
+
+        extra = [r for r in ("critic", "reference") if r in {*self.algorithm.roles, *self.preset.roles}]
+        if cfg.reward_model.enabled:
+            extra.append("reward_model")
+        self.roles, rollout = build_roles(cfg, ["actor", *extra], self._closers.append)
+        if cfg.reward_model.enabled:
+            self.reward = self._model_reward(self.roles.pop("reward_model"))
+        actor = self.roles["actor"]
+        check = cfg.transport.check_prompts
+        probes = min(max(check, actor.dp_size), len(self.train_loader.dataset)) if check > 0 else 0
+        self.ctx = StepContext(
+            config=cfg,
+            preset=self.preset,
+            actor=actor,
+            rollout=rollout,
+            reward=self.reward,
+            tokenizer=self.tokenizer,
+            pad_token_id=self.train_loader.pad_token_id,
+            memory=MemoryPlan(
+                cfg.trainer.placement != "split" and _device_memory_separate(actor),
+                rollout,
+                self.roles,
+                cfg.trainer.release_train_in_rollout,
+            ),
+            transport=attrs.evolve(
+                cfg.transport,
+                name=resolve_transport_name(
+                    cfg.transport.name, actor, rollout, colocated=cfg.trainer.placement != "split"
+                ),
+            ),
+            next_prompts=self.next_prompts,
+            critic=self.roles.get("critic"),
+            reference=self.roles.get("reference"),
+            kl_ctrl=make_kl_controller(**attrs.asdict(self.preset.kl_ctrl))
+            if self.preset.use_kl_in_reward
+            else None,
+            probe_prompts=[self.train_loader.dataset[i]["input_ids"].tolist() for i in range(probes)],
+            seed=cfg.trainer.seed,
+        )
+        self.resumed_from = self._checkpoint_to_resume()
+        if self.resumed_from is not None:
+            self._load(self.resumed_from)
+        self.sinks = build_loggers(
+            cfg.trainer.loggers,
+            self.run_dir,
+            total_steps=cfg.trainer.total_steps,
+            start_step=self.step,
+            experiment_name=self.run_dir.name,
+            config=_config_dict(cfg),
+            history=self.history,
+            console=console,
+        )
+        # The rollout starts from the model folder; the actor may hold a checkpoint's weights. Syncing now
+        # also runs the post-sync check before any step depends on it.
+        with self.ctx.detached() as first_sync:
+            sync_weights(self.ctx)
+        self._first_sync = dict(first_sync)
+
+    def _rule_reward(self) -> Any:
+        """The ``reward.provider``; ``None`` when the reward model's score replaces it. A bad reward-model
+        section fails here, before any engine starts."""
+        from rlcore.plugins import registry
+
+        cfg = self.config
+        if cfg.reward_model.enabled:
+            from rlcore.config.loader import invalid_config
+            from rlcore.rewards.model_config import reward_model_problems
+
+            problems = reward_model_problems(cfg)
+            if problems:
+                raise invalid_config(problems)
+            if cfg.reward_model.combine == "replace":
+                return None
+        provider = registry("reward_providers").get(cfg.reward.provider)(cfg.reward)
+        self._closers.append(provider)
+        return provider
+
+    def _model_reward(self, role: Any) -> Any:
+        """The reward model's provider over its role (which is not a member of ``self.roles``: it neither
+        trains nor checkpoints, and keeps its weights on its devices through every phase)."""
+        from rlcore.rewards.model_provider import ModelRewardProvider
+
+        return ModelRewardProvider(role, self.config.reward_model, self.tokenizer, rule=self.reward)
+
+    def _sft_examples(self) -> list:
+        cfg = self.config
+        if cfg.trainer.warmup_sft_steps == 0:
+            return []
+        from rlcore.agents.config import data_with_tools
+        from rlcore.trainer.sft import load_sft_examples
+
+        return load_sft_examples(
+            cfg.sft.files,
+            self.tokenizer,
+            prompt_key=cfg.data.prompt_key,
+            response_key=cfg.sft.response_key,
+            apply_chat_template=cfg.data.apply_chat_template,
+            max_prompt_length=cfg.data.max_prompt_length,
+            max_response_length=cfg.sft.max_response_length,
+            # As RL prompts are rendered: an agent run's warm-up prompts offer the same tools.
+            chat_template_kwargs=data_with_tools(cfg.data, cfg.agent).apply_chat_template_kwargs,
+        )
+
+    def next_prompts(self) -> Batch:
+        """The next training batch of prompts; a new epoch starts when one ends."""
+        try:
+            return next(self._batches)
+        except StopIteration:
+            self._batches = iter(self.train_loader)
+            return next(self._batches)
+
+    # -- the loop --------------------------------------------------------------------------------
+    def fit(self, num_steps: int | None = None) -> list[dict[str, Any]]:
+        """Train up to ``trainer.total_steps`` (or ``num_steps`` more steps); returns the history."""
+        total = self.config.trainer.total_steps
+        stop = total if num_steps is None else min(total, self.step + num_steps)
+        if self.step == 0 and not self.history:
+            record = dict(self._first_sync)
+            if self.config.trainer.val_before_train and self.val_loader is not None:
+                record.update(self.validate())
+            if self.sft_examples:
+                record.update(self.warm_up())
+            self._log(0, record)
+        while self.step < stop:
+            self.train_step()
+        return self.history
+
+    def train_step(self) -> dict[str, Any]:
+        """One step of the algorithm, then validation and a checkpoint when due."""
+        cfg = self.config.trainer
+        prompts = self.next_prompts()
+        self.step += 1
+        ctx = self.ctx
+        ctx.begin_step(self.step)
+        ctx.memory.take_seconds()  # validation and the warm-up moved memory too: not this step's
+        profiled = self._groups() if cfg.profile_step == self.step else []
+        for group in profiled:
+            group.call_all("profile_start")
+        start = time.perf_counter()
+        metrics = dict(self.algorithm.step(ctx, prompts))
+        step_s = time.perf_counter() - start
+        for group in profiled:
+            group.call_all("profile_stop", str(self.run_dir / "profile" / f"step{self.step}"))
+        metrics.update(ctx.metrics)
+        metrics.update(ctx.timer.metrics())
+        metrics["timing/step"] = step_s
+        # Inside the phases' times (each phase moves memory as it starts): what colocation costs.
+        metrics["timing/release_resume"] = ctx.memory.take_seconds()
+        metrics.update(
+            throughput(
+                int(metrics.get("tokens/total", 0)),
+                int(metrics.get("tokens/response", 0)),
+                step_s,
+                metrics.get("timing/generate"),
+            )
+        )
+        metrics["train/epoch"] = float(self.train_loader.epoch)
+        if self.val_loader is not None and (
+            (cfg.val_freq > 0 and self.step % cfg.val_freq == 0) or self.step == cfg.total_steps
+        ):
+            metrics.update(self.validate())
+        record = self._log(self.step, metrics, sinks=False)
+        if (cfg.save_freq > 0 and self.step % cfg.save_freq == 0) or self.step == cfg.total_steps:
+            start = time.perf_counter()
+            self.save()
+            record["timing/save"] = time.perf_counter() - start
+        for sink in self.sinks:
+            sink.log(self.step, {k: v for k, v in record.items() if k != "step"})
+        return record
+
+    def _log(self, step: int, metrics: dict[str, Any], sinks: bool = True) -> dict[str, Any]:
+        record = {"step": step, **{k: float(v) for k, v in metrics.items()}}
+        self.history.append(record)
+        if sinks:
+            for sink in self.sinks:
+                sink.log(step, metrics)
+        return record
+
+    def _groups(self) -> list[Any]:
+        """The worker groups of every role, the rollout's included (each once: colocated local
+        backends may share one)."""
+        groups = [role.group for role in [*self.roles.values(), self.ctx.rollout]]
+        return list({id(g): g for g in groups}.values())
+
+    def warm_up(self) -> dict[str, float]:
+        """``trainer.warmup_sft_steps`` supervised steps of the actor on ``sft.files`` (a random policy
+        learns the answer format RL then refines), a weight sync, and with a validation set
+        ``val/reward_after_sft``. Metrics: ``sft/loss_first``, ``sft/loss`` (last step), ``sft/steps``,
+        ``timing/sft``."""
+        from rlcore.trainer.sft import SFTTrainer
+
+        cfg = self.config
+        start = time.perf_counter()
+        sft = SFTTrainer(
+            self.roles["actor"],
+            self.sft_examples,
+            batch_size=cfg.sft.batch_size,
+            pad_token_id=self.ctx.pad_token_id,
+            seed=cfg.trainer.seed,
+        )
+        self.ctx.memory.use("train")
+        steps = sft.fit(cfg.trainer.warmup_sft_steps)
+        with self.ctx.detached():
+            sync_weights(self.ctx)
+        metrics = {
+            "sft/steps": float(len(steps)),
+            "sft/loss_first": steps[0]["sft/loss"],
+            "sft/loss": steps[-1]["sft/loss"],
+            "timing/sft": time.perf_counter() - start,
+        }
+        if self.val_loader is not None:
+            metrics["val/reward_after_sft"] = self.validate()["val/reward"]
+        return metrics
+
+    # -- validation ------------------------------------------------------------------------------
+    def validate(self) -> dict[str, float]:
+        """Generate for every validation prompt (``rollout.val_temperature``, ``rollout.val_n``
+        responses), score, and report ``val/reward`` (mean over responses), ``val/reward/<data_source>``
+        and ``val/response_length/mean``."""
+        r = self.config.rollout
+        scores: list[float] = []
+        sources: list[str] = []
+        lengths: list[float] = []
+        start = time.perf_counter()
+        with self.ctx.detached() as inner:
+            for prompts in self.val_loader.full_pass():
+                batch = generate(
+                    self.ctx, prompts, n=r.val_n, temperature=r.val_temperature, phase="validate"
+                )
+                batch = score(self.ctx, batch, phase="validate")
+                scores += batch["token_level_scores"].double().sum(-1).tolist()
+                sources += [str(s) for s in batch["data_source"]]
+                lengths += batch["response_mask"].sum(-1).double().tolist()
+        metrics = {
+            "val/reward": sum(scores) / len(scores),
+            "val/response_length/mean": sum(lengths) / len(lengths),
+            "timing/validate": time.perf_counter() - start,
+        }
+        metrics.update({f"val/reward/{src}": v for src, v in mean_by(sources, scores).items()})
+        if inner.get("reward/errors"):
+            metrics["val/reward_errors"] = inner["reward/errors"]
+        return metrics
+
+    # -- checkpoints -----------------------------------------------------------------------------
+    def _checkpoint_to_resume(self) -> Path | None:
+        resume = self.config.trainer.resume
+        if resume == "disable":
+            return None
+        if resume == "auto":
+            return ckpt.latest_checkpoint(self.run_dir)
+        return ckpt.resolve_checkpoint(resume)
+
+    def _state(self) -> dict[str, Any]:
+        return {
+            "step": self.step,
+            "train_loader": self.train_loader.state_dict(),
+            "rng": ckpt.rng_state(),
+            "kl_coef": None if self.ctx.kl_ctrl is None else self.ctx.kl_ctrl.value,
+            "history": [dict(r) for r in self.history],
+        }
+
+    def save(self) -> Path:
+        """Checkpoint the trained roles and the trainer state at the current step."""
+        self.ctx.memory.use("train")  # engines save what they hold on their devices
+        saves = {name: role.save_checkpoint for name, role in self.roles.items() if name in TRAINED_ROLES}
+        path = ckpt.save_checkpoint(self.run_dir, self.step, saves, self._state(), self.config_yaml)
+        logger.info("saved checkpoint %s", path)
+        return path
+
+    def _load(self, path: Path) -> None:
+        state = ckpt.load_state(path)
+        for name, role in self.roles.items():
+            if name in TRAINED_ROLES:
+                if not (path / name).exists():
+                    raise ckpt.CheckpointError(
+                        f"checkpoint {path} has no {name!r} folder, but this run trains a {name}: it was written "
+                        "by a run with another algorithm. Set trainer.resume=disable or another trainer.experiment_name."
+                    )
+                role.load_checkpoint(str(path / name))
+        self.step = int(state["step"])
+        self.train_loader.load_state_dict(state["train_loader"])
+        self._batches = iter(self.train_loader)
+        ckpt.set_rng_state(state["rng"])
+        if self.ctx.kl_ctrl is not None and state.get("kl_coef") is not None:
+            self.ctx.kl_ctrl.value = float(state["kl_coef"])
+        self.history = [dict(r) for r in state["history"]]
+        logger.info("resumed from %s at step %d", path, self.step)
+
+    # -- teardown --------------------------------------------------------------------------------
+    def close(self) -> None:
+        """Close metric sinks, the reward provider, every role and the placement (each once)."""
+        for sink in self.sinks:
+            _quietly(sink.close)
+        self.sinks = []
+        while self._closers:
+            handle = self._closers.pop()
+            _quietly(getattr(handle, "close", None) or getattr(handle, "shutdown", None) or handle.remove)
+
+
+def _quietly(fn: Callable[[], Any]) -> None:
+    """Teardown must not hide the error that ended a run."""
+    try:
+        fn()
+    except Exception as exc:
+        logger.warning("error during teardown (%s): %s", getattr(fn, "__qualname__", fn), exc)
+
+
+def _config_dict(config: Any) -> dict[str, Any]:
+    from rlcore.config import to_dict
+
+    return to_dict(config)
