@@ -29,7 +29,7 @@ from pathlib import Path
 
 import torch
 from rlcore.api import Batch
-from rlcore.controller.balance import balanced_order
+from rlcore.cluster.balance import balanced_order
 
 SHAPES = {
     "qwen2.5-0.5b": dict(

@@ -1,5 +1,5 @@
 """Packed (var-len) causal attention kernels on one GPU: PyTorch's flash var-len op, the one both train
-engines use (``rlcore.varlen_attention``), against flash-attn-4 (``flash_attn.cute.flash_attn_varlen_func``).
+engines use (``rlcore.kernels.varlen_attention``), against flash-attn-4 (``flash_attn.cute.flash_attn_varlen_func``).
 
 For each head shape (Qwen2.5-0.5B: 14 query / 2 KV heads of 64; 1.5B: 12 / 2 of 128; 7B: 28 / 4 of 128) a
 micro-batch of ``--tokens`` tokens packed from sequences of 128-1024 tokens (the training workload's
@@ -29,7 +29,7 @@ SHAPES = {"0.5B": (14, 2, 64), "1.5B": (12, 2, 128), "7B": (28, 4, 128)}
 
 
 def torch_varlen(q, k, v, cu, max_len):
-    from rlcore.varlen_attention import _kernel_call
+    from rlcore.kernels.varlen_attention import _kernel_call
 
     return _kernel_call(q, k, v, cu, max_len, q.shape[-1] ** -0.5)
 

@@ -32,8 +32,8 @@ import time
 import torch
 from _machine import cpu_name  # benchmarks/, the script's folder, leads sys.path
 from rlcore.api import Batch, EngineSpec
-from rlcore.controller import RayGroup, TrainRole, start_ray, stop_ray
-from rlcore.controller.workers import TrainWorker
+from rlcore.cluster import RayGroup, TrainRole, start_ray, stop_ray
+from rlcore.cluster.workers import TrainWorker
 from rlcore.testing.contract import token_nll_loss
 from rlcore.testing.fake_config import FakeTrainConfig
 

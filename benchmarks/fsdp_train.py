@@ -99,7 +99,7 @@ class NaiveHF:
         self.optimizer = torch.optim.AdamW(self.model.parameters(), lr=1e-6)
 
     def train_step(self, batch: Batch, global_tokens: int) -> None:
-        from rlcore.micro_batches import plan_micro_batches
+        from rlcore.kernels.micro_batches import plan_micro_batches
         from rlcore_fsdp.micro_batches import token_costs
 
         parts = plan_micro_batches(token_costs(batch, packed=True), 1, self.max_tokens)
@@ -142,7 +142,7 @@ def build_system(name: str, path: Path, platform, info: DistInfo, args):
     if name == "hf-naive":
         device = platform.set_device(info.local_rank)
         return NaiveHF(path, device, info.world_size, args.max_tokens_per_micro_batch)
-    from rlcore.micro_batches import plan_micro_batches
+    from rlcore.kernels.micro_batches import plan_micro_batches
     from rlcore_fsdp.config import FSDPConfig
     from rlcore_fsdp.engine import FSDPEngine
 

@@ -1,6 +1,6 @@
 """Device time of the FSDP engine's log-prob head kernels on one chunk of logits, by formulation.
 
-The head (``rlcore.logits``) makes two vocabulary-wide elementwise passes per chunk of ``c`` tokens:
+The head (``rlcore.kernels.logits``) makes two vocabulary-wide elementwise passes per chunk of ``c`` tokens:
 the statistics (log-partition, target log-prob, entropy) in the forward, and ``dL/dlogits`` in the
 backward. Both are memory-bound: their floor is the time to read the ``[c, V]`` bf16 logits (and, for
 the gradient, write as many bytes). Variants (``--variants``):

@@ -17,10 +17,10 @@ import pytest
 from rlcore.agents import build_tools, call_tool, parse_tool_calls
 from rlcore.agents.episode import turn_seed
 from rlcore.api import SamplingParams, request_seeds
+from rlcore.cluster.ray_cluster import stop_ray
 from rlcore.config import load_config
-from rlcore.controller.cluster import stop_ray
-from rlcore.controller.run import prepare_run
-from rlcore.controller.trainer import Trainer
+from rlcore.trainer.loop import Trainer
+from rlcore.trainer.run import prepare_run
 from transformers import AutoTokenizer
 
 pytestmark = pytest.mark.slow

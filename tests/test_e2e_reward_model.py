@@ -15,15 +15,15 @@ from pathlib import Path
 
 import pytest
 import torch
-from rlcore.controller import start_ray, stop_ray
-from rlcore.controller.run import prepare_run
-from rlcore.controller.trainer import Trainer
+from rlcore.cluster import start_ray, stop_ray
 from rlcore.testing.tiny_reward import build_tiny_reward_model
+from rlcore.trainer.loop import Trainer
+from rlcore.trainer.run import prepare_run
 
 pytestmark = pytest.mark.slow
 
 _spec = importlib.util.spec_from_file_location(
-    "trainer_task", Path(__file__).parents[1] / "core" / "tests" / "controller" / "trainer_task.py"
+    "trainer_task", Path(__file__).parents[1] / "core" / "tests" / "trainer" / "trainer_task.py"
 )
 task = importlib.util.module_from_spec(_spec)
 _spec.loader.exec_module(task)

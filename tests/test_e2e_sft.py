@@ -7,9 +7,9 @@ from __future__ import annotations
 import pytest
 import torch
 from rlcore.api import EngineSpec
-from rlcore.controller import LocalGroup, TrainRole
-from rlcore.controller.sft import SFTTrainer, load_sft_examples, sft_batch
+from rlcore.cluster import LocalGroup, TrainRole
 from rlcore.tasks import copy_word, resolve_files
+from rlcore.trainer.sft import SFTTrainer, load_sft_examples, sft_batch
 
 pytest.importorskip("rlcore_fsdp")
 transformers = pytest.importorskip("transformers")

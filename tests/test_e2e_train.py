@@ -17,7 +17,7 @@ from pathlib import Path
 
 import pytest
 import yaml
-from rlcore.controller.loggers import read_metrics
+from rlcore.telemetry.loggers import read_metrics
 
 pytestmark = pytest.mark.slow
 

@@ -12,8 +12,8 @@ import pytest
 import torch
 from rlcore.api import Completion
 from rlcore.api.batch import Batch
+from rlcore.cluster.roles import make_train_role
 from rlcore.config import load_config
-from rlcore.controller.roles import make_train_role
 from rlcore.rewards import RewardConfig, RuleRewardProvider
 from rlcore.rewards.model_config import RewardModelConfig, reward_model_spec
 from rlcore.rewards.model_provider import EXTRA_KEY, ModelRewardProvider

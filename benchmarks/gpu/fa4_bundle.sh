@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # The offline extra bundle for flash-attn-4 (FlashAttention 4, CuTe DSL kernels, `flash_attn.cute`) on the
 # lent GPU machine: benchmarks/attention_gpu.py compares its var-len kernel with PyTorch's, the one both train
-# engines use (rlcore.varlen_attention).
+# engines use (rlcore.kernels.varlen_attention).
 #
 #   bash benchmarks/gpu/fa4_bundle.sh      # -> .gpu-fa4/c1 .. cN (<= 48 MiB each) and .gpu-fa4/tools (zstd)
 #

@@ -7,7 +7,7 @@ what Hugging Face's ``sdpa`` backend does with packed ``position_ids``; at 16k-t
 mask alone is 256M entries per layer).
 
 The kernel (PyTorch's flash var-len op where the device and dtype have it, one causal SDPA per sequence
-elsewhere) lives in :mod:`rlcore.varlen_attention`, shared with the megatron engine.
+elsewhere) lives in :mod:`rlcore.kernels.varlen_attention`, shared with the megatron engine.
 
 The backend registers with transformers' ``AttentionInterface`` as :data:`ATTN_NAME`; being unknown to
 ``transformers.masking_utils``, it gets no mask (``attention_mask`` is None), so it only runs on packed
@@ -18,7 +18,7 @@ inputs, with the ``cu_seq_lens_q``/``max_length_q`` keyword arguments that
 from __future__ import annotations
 
 import torch
-from rlcore.varlen_attention import _probe, varlen_attention
+from rlcore.kernels.varlen_attention import _probe, varlen_attention
 
 __all__ = ["ATTN_NAME", "register", "varlen_attention", "varlen_attention_forward", "_probe"]
 

@@ -44,7 +44,7 @@ class FSDPConfig:
     attn_implementation: str = "sdpa"
     #: Tokens per chunk when computing log-probs and entropy from the output layer, so fp32 logits exist
     #: for at most this many tokens at a time (``[chunk, vocab]``); in training each chunk's logits are
-    #: recomputed in the backward unless ``recompute_logits`` is false (:mod:`rlcore.logits`).
+    #: recomputed in the backward unless ``recompute_logits`` is false (:mod:`rlcore.kernels.logits`).
     logits_chunk_size: int = attrs.field(default=1024, validator=_positive)
     #: Recompute each chunk's logits in the backward (True), or keep them from the forward in the compute
     #: dtype (False): saves one output-layer matmul per token (about 5% of a 1.5B model's training FLOPs,

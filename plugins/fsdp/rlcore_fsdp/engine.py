@@ -21,7 +21,7 @@ from typing import Any
 import torch
 import torch.distributed as dist
 from rlcore.api import Batch, DistInfo, EngineSpec, LossFn, TrainEngine, WeightBucket
-from rlcore.micro_batches import plan_micro_batches
+from rlcore.kernels.micro_batches import plan_micro_batches
 from rlcore.weights import bucketize
 from torch.distributed.checkpoint.state_dict import (
     get_model_state_dict,

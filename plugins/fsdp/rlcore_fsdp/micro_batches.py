@@ -1,7 +1,7 @@
 """Splitting a rank's batch into micro-batches, and turning a micro-batch into model inputs.
 
 Every FSDP forward and backward is collective, so all data-parallel ranks must run the same number of
-micro-batches even when their shards differ in size or length. :func:`rlcore.micro_batches.plan_micro_batches` splits one
+micro-batches even when their shards differ in size or length. :func:`rlcore.kernels.micro_batches.plan_micro_batches` splits one
 rank's rows (fixed size, or by token budget into as few micro-batches as fit, with even loads);
 :func:`equalize` then brings every rank to the common count by splitting its largest micro-batches,
 or, when a rank has too few rows, by adding dummy micro-batches whose loss is multiplied by zero.

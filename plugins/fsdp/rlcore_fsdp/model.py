@@ -6,7 +6,7 @@ micro-batch (padded ``[b, T]`` or packed ``[1, N]``), picks the ``M`` hidden sta
 
 - ``"lm"``: log-probs of ``targets`` under ``softmax(logits / temperature)`` and the entropy of that
   distribution, computed in chunks of tokens so full-vocabulary fp32 logits never exist for the batch
-  (:mod:`rlcore.logits`);
+  (:mod:`rlcore.kernels.logits`);
 - ``"value"`` / ``"score"``: the scalar of a one-output linear head (``values``).
 
 Running the head inside the root's forward matters: FSDP gathers the root's parameters (embeddings,
@@ -20,7 +20,7 @@ from pathlib import Path
 
 import torch
 import torch.nn as nn
-from rlcore.logits import linear_log_probs
+from rlcore.kernels.logits import linear_log_probs
 
 #: Hugging Face auto class per head. Value models load as token classifiers and reward models as
 #: sequence classifiers with one label, so ``export_hf`` writes folders those classes load again.
@@ -120,7 +120,7 @@ class HeadedModel(nn.Module):
         self.hf = hf_model
         self.head = head
         self.compiled = compiled  # fuse the log-prob head's elementwise work (torch.compile)
-        self.keep_logits = keep_logits  # keep the head's logits for the backward (rlcore.logits)
+        self.keep_logits = keep_logits  # keep the head's logits for the backward (rlcore.kernels.logits)
 
     def backbone(self) -> nn.Module:
         return getattr(self.hf, self.hf.base_model_prefix)

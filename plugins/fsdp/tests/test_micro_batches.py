@@ -5,7 +5,7 @@ import math
 import pytest
 import torch
 from rlcore.api import Batch
-from rlcore.micro_batches import plan_micro_batches
+from rlcore.kernels.micro_batches import plan_micro_batches
 from rlcore_fsdp.micro_batches import MicroBatch, build_inputs, equalize, token_costs
 from rlcore_fsdp.schedule import check_schedule, lr_factor
 

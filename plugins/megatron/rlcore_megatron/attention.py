@@ -5,7 +5,7 @@ and megatron-core's ``PackedSeqParams`` in its ``thd`` format (``cu_seqlens_q``,
 those, megatron-core's ``SelfAttention`` drops the batch dimension (``query [N, heads, head_dim]``); what it
 cannot do without Transformer Engine is the attention itself (its local ``DotProductAttention`` refuses
 packed input). This module does it: causal attention within each sequence, through
-:func:`rlcore.varlen_attention.varlen_attention` (PyTorch's flash var-len kernel where the device and dtype
+:func:`rlcore.kernels.varlen_attention.varlen_attention` (PyTorch's flash var-len kernel where the device and dtype
 have it, one SDPA call per sequence elsewhere).
 
 It also applies the rotary embedding. megatron-core's own ``thd`` rotary path loops over the sequences of
@@ -29,7 +29,7 @@ from megatron.core.models.common.embeddings.rotary_pos_embedding import RotaryEm
 from megatron.core.packed_seq_params import PackedSeqParams
 from megatron.core.transformer import TransformerConfig
 from megatron.core.transformer.dot_product_attention import DotProductAttention
-from rlcore.varlen_attention import varlen_attention
+from rlcore.kernels.varlen_attention import varlen_attention
 
 
 @dataclasses.dataclass

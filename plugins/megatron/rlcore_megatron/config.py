@@ -84,7 +84,7 @@ class MegatronConfig:
     #: on the positions that predict response tokens only (prompt positions' logits are never used), so a
     #: micro-batch's ``[tokens, V/tp]`` logits never exist at once (they are most of the activation
     #: memory of a small model with a large vocabulary). At tensor-parallel size 1 this is rlcore's fused
-    #: head (``rlcore.logits``, the FSDP engine's: one autograd function, its elementwise work compiled with
+    #: head (``rlcore.kernels.logits``, the FSDP engine's: one autograd function, its elementwise work compiled with
     #: ``compile``); with TP the same kernels on each rank's vocabulary slice, whose statistics the ranks
     #: combine with one all-gather per chunk. ``null``: the whole micro-batch at once, as megatron-core's
     #: output layer computes it.

@@ -31,7 +31,7 @@ from megatron.core.optimizer_param_scheduler import OptimizerParamScheduler
 from megatron.core.packed_seq_params import PackedSeqParams
 from megatron.core.pipeline_parallel import get_forward_backward_func
 from rlcore.api import Batch, DistInfo, EngineSpec, LossFn, TrainEngine, WeightBucket
-from rlcore.logits import linear_log_probs
+from rlcore.kernels.logits import linear_log_probs
 from rlcore.weights import bucketize
 from transformers import AutoConfig
 

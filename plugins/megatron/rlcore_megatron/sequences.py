@@ -15,7 +15,7 @@ import attrs
 import torch
 from rlcore.api import Batch
 from rlcore.api.batch import to_device as tensor_to_device
-from rlcore.micro_batches import plan_micro_batches
+from rlcore.kernels.micro_batches import plan_micro_batches
 
 
 @attrs.frozen
@@ -282,7 +282,7 @@ def micro_batch_rows(
 
     Without ``max_tokens``: consecutive groups of ``size`` rows. Padded, with ``max_tokens``: consecutive
     rows while ``rows * longest_real_length <= max_tokens``. Packed (``sum of real lengths <=
-    max_tokens``): token-balanced, as the FSDP engine plans them (:func:`rlcore.micro_batches.plan_micro_batches`:
+    max_tokens``): token-balanced, as the FSDP engine plans them (:func:`rlcore.kernels.micro_batches.plan_micro_batches`:
     as few micro-batches as first-fit decreasing needs, the rows then spread longest first over them so
     their loads differ by at most one row), so the micro-batches hold rows out of order. A row longer
     than ``max_tokens`` goes alone either way.

@@ -15,7 +15,7 @@ from __future__ import annotations
 import torch
 import torch.distributed as dist
 import torch.nn.functional as F
-from rlcore.logits import chunked_head_grads, keeps_logits, slice_kernels
+from rlcore.kernels.logits import chunked_head_grads, keeps_logits, slice_kernels
 
 
 class _SumOverGroup(torch.autograd.Function):
@@ -108,7 +108,7 @@ def slice_statistics(logits: torch.Tensor, local: torch.Tensor, temperature: flo
     """One rank's statistics ``[3, c]`` of its slice ``logits [c, v]`` (``v >= 1`` real rows): ``lse_r``, the
     slice's expected logit ``E_r[z]`` under its own softmax, and the target's logit where ``local [c]``
     (the target's row in the slice) lies in ``[0, v)``, else 0; ``z = logits / temperature``. ``stats``:
-    ``rlcore.logits.slice_kernels``' first function."""
+    ``rlcore.kernels.logits.slice_kernels``' first function."""
     here = (local >= 0) & (local < logits.shape[-1])
     log_probs, entropy, lse = stats(logits, local.clamp(0, logits.shape[-1] - 1), temperature)
     return torch.stack([lse, lse - entropy, torch.where(here, log_probs + lse, 0.0)])
@@ -135,8 +135,8 @@ def _gather(local: torch.Tensor, group) -> torch.Tensor:
 
 
 class _VocabSliceLogProbs(torch.autograd.Function):
-    """:func:`rlcore.logits.linear_log_probs` for a rank that holds vocabulary rows ``[start, start + v)``:
-    per chunk the slice's logits, their fused statistics (``rlcore.logits.slice_kernels``), one
+    """:func:`rlcore.kernels.logits.linear_log_probs` for a rank that holds vocabulary rows ``[start, start + v)``:
+    per chunk the slice's logits, their fused statistics (``rlcore.kernels.logits.slice_kernels``), one
     all-gather to combine them; the backward recomputes each chunk's logits (or, ``keep``, takes the
     forward's) and builds their gradient from the saved whole-vocabulary ``lse`` and entropy, with no
     communication (the hidden state's gradient is this rank's part; ``model.pass_hidden_through`` sums it
@@ -218,7 +218,7 @@ def chunked_log_probs_and_entropy(
     time: ``hidden [..., h]``, ``weight [v, h]`` (this rank's vocabulary rows, from global row
     ``vocab_start``; rows past ``vocab_size`` are padding and get no probability), ``targets [...]`` ->
     ``[...]`` each, fp32. One autograd function over all chunks, as the TP=1 head
-    (:func:`rlcore.logits.linear_log_probs`): a chunk's ``[chunk, v]`` logits exist only while it is
+    (:func:`rlcore.kernels.logits.linear_log_probs`): a chunk's ``[chunk, v]`` logits exist only while it is
     worked on, in the forward and again in the backward; ``compiled`` fuses the vocabulary-wide
     elementwise work with ``torch.compile``; ``keep_logits`` keeps each chunk's ``[chunk, v]`` logits
     from the forward for the backward instead of recomputing them (only when a gradient will be taken),

@@ -9,7 +9,7 @@ from __future__ import annotations
 import pytest
 import torch
 from rlcore.api import Batch
-from rlcore.logits import slice_kernels
+from rlcore.kernels.logits import slice_kernels
 from rlcore_megatron.architecture import model_shape
 from rlcore_megatron.config import MegatronConfig
 from rlcore_megatron.convert import param_maps, shard, to_hf, to_mcore, unshard

@@ -119,7 +119,7 @@ def test_rlcore_train_refuses_sglang_distributed_where_it_cannot_work():
     """NCCL takes no two ranks of a group on one device, and the receiving end is SGLang's scheduler:
     the transport needs split placement and the sglang rollout, said by key path before the run starts."""
     from rlcore.config import ConfigError, load_config
-    from rlcore.controller.preflight import check_run
+    from rlcore.trainer.preflight import check_run
 
     check_run(
         load_config(

@@ -2,7 +2,7 @@
 controller drives it (its real ``MemoryPlan`` over a step of colocated RL), and what it refuses."""
 
 import pytest
-from rlcore.controller.flows.context import MemoryPlan
+from rlcore.flows.context import MemoryPlan
 from rlcore_sglang.memory import MemoryTags
 
 
