@@ -18,6 +18,7 @@ from collections.abc import Iterator, Mapping
 from typing import Any
 
 import torch
+
 from rlcore.api import Batch
 
 

@@ -11,6 +11,7 @@ import os
 from pathlib import Path
 
 import attrs
+
 from rlcore.config.specs import engine_section, engine_spec
 from rlcore.trainer.checkpoint import CONFIG_FILE, TRAINED_ROLES, CheckpointError, resolve_checkpoint
 

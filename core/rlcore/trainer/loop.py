@@ -18,6 +18,7 @@ from pathlib import Path
 from typing import Any
 
 import attrs
+
 from rlcore.api import Batch
 from rlcore.flows import resolve_preset
 from rlcore.flows.context import MemoryPlan, StepContext

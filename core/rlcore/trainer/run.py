@@ -24,6 +24,7 @@ from pathlib import Path
 from typing import Any
 
 import attrs
+
 from rlcore.telemetry.loggers import METRICS_FILE
 from rlcore.telemetry.plotting import PLOT_FILE, plot_curves
 
@@ -154,6 +155,7 @@ def run_training(config: Any, *, console: Any = None, early_warnings: Sequence[A
 
 def _run(config: Any, console: Any, stack: contextlib.ExitStack, early_warnings: Sequence[Any]) -> RunResult:
     from rich.console import Console
+
     from rlcore.telemetry.terminal import LOGS_DIR, run_output
     from rlcore.trainer import checkpoint as ckpt
     from rlcore.trainer.loop import Trainer

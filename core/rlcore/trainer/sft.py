@@ -25,6 +25,7 @@ from typing import Any
 import attrs
 import numpy as np
 import torch
+
 from rlcore.api import Batch, Completion
 from rlcore.data.files import DataError, read_file
 from rlcore.rollout.batching import completions_to_batch
