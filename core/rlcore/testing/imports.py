@@ -222,6 +222,10 @@ def unit_graph(graph: Mapping[str, Iterable[str]]) -> dict[str, set[str]]:
     return units
 
 
+def _is_core(unit: str) -> bool:
+    return unit == "rlcore" or unit.startswith("rlcore.")
+
+
 def layer_of() -> dict[str, int]:
     """``{unit: layer number}`` from :data:`CORE_LAYERS` (0 at the bottom)."""
     return {unit: i for i, (_, units) in enumerate(CORE_LAYERS) for unit in units}
@@ -229,16 +233,17 @@ def layer_of() -> dict[str, int]:
 
 def layering_violations(graph: Mapping[str, Iterable[str]]) -> list[str]:
     """One line per import that breaks the rules: a core unit importing a higher layer, a core unit
-    missing from :data:`CORE_LAYERS`, or a plugin importing an internal unit. Names the modules."""
+    missing from :data:`CORE_LAYERS`, or a plugin (any package but ``rlcore``) importing an internal
+    unit. Names the modules."""
     layers = layer_of()
     problems = []
     for module, targets in sorted(graph.items()):
         unit = unit_of(module)
         for target in sorted(targets):
             to = unit_of(target)
-            if to == unit or not to.startswith("rlcore") or to.startswith("rlcore_"):
+            if to == unit or not _is_core(to):
                 continue
-            if unit.startswith("rlcore_"):
+            if not _is_core(unit):
                 if to not in PUBLIC:
                     problems.append(
                         f"{module} imports {target}: {to} is internal; plugins import only {sorted(PUBLIC)}"
@@ -264,7 +269,7 @@ def draw(units: Mapping[str, Iterable[str]], path: Path) -> None:
     import matplotlib.pyplot as plt
 
     rows = [list(names) for _, names in CORE_LAYERS]
-    plugins = sorted(u for u in units if not u.startswith("rlcore.") and u != "rlcore")
+    plugins = sorted(u for u in units if not _is_core(u))
     rows.append(plugins)
     labels = [name for name, _ in CORE_LAYERS] + ["plugins"]
     position = {}
@@ -291,7 +296,7 @@ def draw(units: Mapping[str, Iterable[str]], path: Path) -> None:
                     },
                 )
     for unit, (x, y) in position.items():
-        public = unit in PUBLIC or unit.startswith("rlcore_")
+        public = unit in PUBLIC or not _is_core(unit)
         ax.text(
             x,
             y,
@@ -322,7 +327,8 @@ def main(argv: list[str] | None = None) -> int:
     )
     parser.add_argument("--png", type=Path, help="draw the folder graph to this PNG")
     args = parser.parse_args(argv)
-    packages = args.packages or ["rlcore", *_installed_plugins()]
+    # rlcore is always read: a plugin's imports of it are checked against the public face.
+    packages = ["rlcore", *dict.fromkeys(args.packages or _installed_plugins())]
     graph = import_graph(installed_modules(packages))
     cycles = find_cycles(graph)
     for cycle in cycles:
