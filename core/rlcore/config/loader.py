@@ -53,6 +53,11 @@ def _make_converter() -> cattrs.Converter:
     converter.register_structure_hook(float, _strict(float, (int, float)))
     converter.register_structure_hook(bool, _strict(bool, (bool,)))
     converter.register_structure_hook(str, _strict(str, (str,)))
+    # A bound that may also be the word "auto" (transport.max_logprob_diff): numbers become floats.
+    converter.register_structure_hook_func(
+        lambda t: t == (float | str | None),
+        lambda v, _t: v if v is None or isinstance(v, str) else _strict(float, (int, float))(v, float),
+    )
     # verl scripts write `data.train_files=a.parquet`: a single path means a list of one.
     converter.register_structure_hook_func(
         lambda t: t == list[str],

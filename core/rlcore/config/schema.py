@@ -38,6 +38,16 @@ def _non_negative(instance: Any, attribute: attrs.Attribute, value: int) -> None
         raise FieldValueError(attribute.name, f"must be >= 0, got {value!r}")
 
 
+def _auto_or_non_negative(instance: Any, attribute: attrs.Attribute, value: float | str | None) -> None:
+    if (
+        value is None
+        or value == "auto"
+        or (isinstance(value, float | int) and not isinstance(value, bool) and value >= 0)
+    ):
+        return
+    raise FieldValueError(attribute.name, f"must be 'auto', a number >= 0 or null, got {value!r}")
+
+
 def _positive(instance: Any, attribute: attrs.Attribute, value: int | None) -> None:
     if value is not None and value < 1:
         raise FieldValueError(attribute.name, f"must be >= 1, got {value!r}")
@@ -225,8 +235,11 @@ class TransportConfig:
     bucket_bytes: int = attrs.field(default=256 * 2**20, validator=_positive)
     #: Seconds a collective transport (``broadcast``) waits for its peers.
     timeout_s: float = 600.0
-    #: Fail the run when trainer and rollout log-probs differ by more than this after a sync (None: report only).
-    max_logprob_diff: float | None = None
+    #: Fail the run when the post-sync check's mean |trainer - rollout| log-prob exceeds this. ``auto``: a
+    #: bound from the rollout's dtype (float32/float64 0.02, float16 0.05, bfloat16 0.1: ten times or more
+    #: what agreeing engines measured, far below a wrong engine's 0.6-2); a number: that bound; ``null``:
+    #: report only.
+    max_logprob_diff: float | str | None = attrs.field(default="auto", validator=_auto_or_non_negative)
     #: Probe prompts for the post-sync check (0 disables it).
     check_prompts: int = 2
     #: Run the post-sync check on the first two syncs (the initial weights and the first trained ones:

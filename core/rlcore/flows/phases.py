@@ -34,7 +34,7 @@ import torch
 from rlcore.algorithms import compute_advantage
 from rlcore.algorithms.kl import apply_kl_penalty
 from rlcore.api import Batch
-from rlcore.config.specs import rollout_dtype_name
+from rlcore.config.specs import logprob_diff_threshold, rollout_dtype_name
 from rlcore.flows.context import StepContext
 from rlcore.rollout.batching import completions_to_batch
 from rlcore.rollout.sync_check import compare_log_probs
@@ -272,8 +272,9 @@ def check_due(ctx: StepContext) -> bool:
 def sync_weights(ctx: StepContext) -> dict[str, float]:
     """Push the actor's weights to every rollout engine, then, when :func:`check_due`, run the post-sync
     check: the rollout generates from the probe prompts and the actor scores the same tokens;
-    ``sync/logprob_diff_mean`` above ``transport.max_logprob_diff`` stops the run
-    (:class:`~rlcore.rollout.sync_check.WeightSyncMismatch`)."""
+    ``sync/logprob_diff_mean`` above ``transport.max_logprob_diff`` (by default a bound from the rollout
+    dtype) stops the run (:class:`~rlcore.rollout.sync_check.WeightSyncMismatch`, naming both engines'
+    plugins)."""
     from rlcore.cluster.roles import sync_weights as push
 
     with ctx.phase("sync_weights"):
@@ -293,10 +294,18 @@ def sync_weights(ctx: StepContext) -> dict[str, float]:
                         probe["rollout_log_probs"],
                         trainer["log_probs"],
                         probe["response_mask"],
-                        threshold=ctx.config.transport.max_logprob_diff,
-                        train_engine=ctx.config.engine,
-                        rollout_engine=ctx.config.rollout.engine,
+                        threshold=logprob_diff_threshold(ctx.config),
+                        train_engine=_label("train_engines", ctx.config.engine),
+                        rollout_engine=_label("rollout_engines", ctx.config.rollout.engine),
                     )
                 )
     ctx.record(metrics)
     return metrics
+
+
+def _label(kind: str, name: str) -> str:
+    """An engine as messages name it: with the plugin that registered it."""
+    from rlcore.plugins import registry
+
+    entries = registry(kind)
+    return entries.entry(name).label if name in entries else repr(name)

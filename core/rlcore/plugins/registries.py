@@ -29,6 +29,12 @@ class Entry(Generic[T]):
     plugin: str
     options: dict[str, Any] = attrs.field(factory=dict)
 
+    @property
+    def label(self) -> str:
+        """``'name' (plugin 'plugin')``: how messages name a component, so a user knows which package it
+        came from."""
+        return f"{self.name!r} (plugin {self.plugin!r})"
+
     def load(self) -> T:
         """Return the component, importing it first if it was registered lazily."""
         if isinstance(self.target, str):

@@ -7,7 +7,7 @@ train engine compute ``log_probs`` for the same tokens (``TrainEngine.infer``), 
     batch = completions_to_batch(rollout.generate(probe_prompts, params), pad_token_id)
     trainer = actor.infer(batch, ["log_probs"])
     metrics = compare_log_probs(batch["rollout_log_probs"], trainer["log_probs"], batch["response_mask"],
-                                threshold=0.05, train_engine="fsdp", rollout_engine="vllm")
+                                threshold=0.02, train_engine="fsdp", rollout_engine="vllm")
 
 Measured on the tiny model (FINDINGS.md): matching fp32 engines differ by about 1e-5 on average; a bf16
 rollout against an fp32 trainer by 0.13-0.23; a stale prefix cache or a missing ``lm_head`` copy by ~2.
@@ -25,6 +25,8 @@ CAUSES = (
     "with tied embeddings the rollout keeps its own lm_head copy that was not sent (export lm_head.weight)",
     "the sampling temperature differs from the trainer's (log-probs are of logits / temperature)",
     "part of the weight stream was not applied (names mapped to nothing, or a partial stream)",
+    "the rollout engine reports other log-probs than the sampled tokens' log_softmax(logits / temperature) "
+    "(run its plugin's contract suite: rlcore.testing.contract.RolloutEngineContract)",
 )
 
 
@@ -38,8 +40,8 @@ def compare_log_probs(
     response_mask: torch.Tensor,
     *,
     threshold: float | None = None,
-    train_engine: str = "trainer",
-    rollout_engine: str = "rollout",
+    train_engine: str = "'trainer'",
+    rollout_engine: str = "'rollout'",
 ) -> dict[str, float]:
     """Absolute log-prob differences over the response tokens, in float64.
 
@@ -49,7 +51,8 @@ def compare_log_probs(
 
     Returns ``sync/logprob_diff_max`` and ``sync/logprob_diff_mean`` (mean over masked tokens). With a
     ``threshold``, a mean difference above it raises :class:`WeightSyncMismatch` naming both engines,
-    the size of the gap, the worst token, and the usual causes.
+    the size of the gap, the worst token, and the usual causes. ``train_engine`` and ``rollout_engine``
+    name the engines in that message as given (the run passes ``'vllm' (plugin 'vllm')``).
     """
     trainer = trainer_log_probs.detach().to("cpu", torch.float64)
     mask = response_mask.detach().to("cpu").bool()
@@ -71,7 +74,7 @@ def compare_log_probs(
     if threshold is not None and metrics["sync/logprob_diff_mean"] > threshold:
         causes = "\n".join(f"  - {c}" for c in CAUSES)
         raise WeightSyncMismatch(
-            f"after the weight sync, rollout {rollout_engine!r} and train engine {train_engine!r} disagree on "
+            f"after the weight sync, rollout {rollout_engine} and train engine {train_engine} disagree on "
             f"log-probs: mean |difference| {metrics['sync/logprob_diff_mean']:.4g} over {int(mask.sum())} "
             f"tokens exceeds the threshold {threshold:g} (max {metrics['sync/logprob_diff_max']:.4g} at row "
             f"{row}, token {col}: rollout {float(rollout[row, col]):.4f} vs trainer "

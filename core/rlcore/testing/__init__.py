@@ -10,4 +10,4 @@ import sys
 # registration is always in time. Only under pytest: rlcore.testing.plugin is loaded by every rlcore run,
 # where pytest may not be installed and must not be imported.
 if "pytest" in sys.modules:
-    sys.modules["pytest"].register_assert_rewrite("rlcore.testing.contract")
+    sys.modules["pytest"].register_assert_rewrite("rlcore.testing.contract", "rlcore.testing.rollout_values")

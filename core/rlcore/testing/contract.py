@@ -58,6 +58,7 @@ import pytest
 import torch
 
 from rlcore.api import Batch, SamplingParams
+from rlcore.testing.rollout_values import RolloutValueChecks
 from rlcore.weights import assemble, bucketize, tensor_bytes
 
 # Every assert here carries a message with the values it compared: pytest also rewrites this module
@@ -432,10 +433,14 @@ class TrainEngineContract:
             assert torch.equal(tensor, stream[name].to(tensor.dtype)), f"{name} differs from export_weights"
 
 
-class RolloutEngineContract:
+class RolloutEngineContract(RolloutValueChecks):
     """The :class:`rlcore.api.RolloutEngine` contract. Provide two fixtures (any scope): ``rollout_engine``
     (a built engine; tests restore any weights they change) and ``rollout_weights`` (the engine's current
-    weights as a list of ``(hf_name, tensor)``, what a trainer would send)."""
+    weights as a list of ``(hf_name, tensor)``, what a trainer would send).
+
+    The value checks (:mod:`rlcore.testing.rollout_values`) compare log-probs, greedy tokens and filters
+    with a float64 reference built from ``rollout_weights`` and the fixture ``reference_model_path``
+    (default ``tiny_model_path``); override ``reference_logits`` for a model that is not Hugging Face's."""
 
     pytestmark = [pytest.mark.rlcore_contract]
 

@@ -26,10 +26,16 @@ def test_threshold_names_engines_gap_and_causes():
     assert compare_log_probs(ROLLOUT_ROWS, TRAINER, MASK, threshold=0.2)["sync/logprob_diff_max"] > 0.2
     with pytest.raises(WeightSyncMismatch) as info:
         compare_log_probs(
-            ROLLOUT_ROWS, TRAINER, MASK, threshold=0.1, train_engine="fsdp", rollout_engine="vllm"
+            ROLLOUT_ROWS,
+            TRAINER,
+            MASK,
+            threshold=0.1,
+            train_engine="'fsdp' (plugin 'fsdp')",
+            rollout_engine="'acme' (plugin 'rlcore-acme')",
         )
     message = str(info.value)
-    assert "rollout 'vllm' and train engine 'fsdp'" in message
+    assert "rollout 'acme' (plugin 'rlcore-acme') and train engine 'fsdp' (plugin 'fsdp')" in message
+    assert "contract suite" in message  # a rollout reporting other log-probs is one of the causes
     assert "mean |difference| 0.15 over 5 tokens exceeds the threshold 0.1" in message
     assert "max 0.4 at row 0, token 2: rollout -2.6000 vs trainer -3.0000" in message
     assert "dtype" in message and "prefix" in message and "lm_head" in message

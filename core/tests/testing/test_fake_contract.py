@@ -1,6 +1,7 @@
 """The contract suites of rlcore.testing, run against the fake engines (as a plugin would run them)."""
 
 import pytest
+import torch
 from rlcore.api import EngineSpec, RolloutSpec
 from rlcore.testing.contract import RolloutEngineContract, TrainEngineContract
 from rlcore.testing.fakes import FakeRollout, FakeRolloutConfig, FakeTrainConfig, FakeTrainEngine
@@ -37,9 +38,35 @@ class TestFakeTrainEngineOnTinyModelFolder(TrainEngineContract):
         return make
 
 
+def tiny_lm_logits(weights):
+    """float64 logits of TinyLM from its weights, written out from the formula in rlcore.testing.tiny_lm's
+    docstring (no TinyLM code): e_t = E[x_t]; h = e_t + P e_{t-1}; h += W_down gelu(W_up h); z = W_head h."""
+    w = {name: tensor.to(torch.float64) for name, tensor in weights}
+
+    def logits(sequences):
+        out = []
+        for seq in sequences:
+            e = w["model.embed_tokens.weight"][torch.tensor(list(seq))]
+            prev = torch.cat([torch.zeros_like(e[:1]), e[:-1]])
+            h = e + prev @ w["model.prev_proj.weight"].T
+            h = (
+                h
+                + torch.nn.functional.gelu(h @ w["model.mlp.up_proj.weight"].T)
+                @ w["model.mlp.down_proj.weight"].T
+            )
+            out.append(h @ w["lm_head.weight"].T)
+        return out
+
+    return logits
+
+
 class TestFakeRollout(RolloutEngineContract):
     vocab_high = 256
     logprob_atol = 1e-6
+
+    @pytest.fixture
+    def reference_logits(self, rollout_weights):
+        return tiny_lm_logits(rollout_weights)
 
     @pytest.fixture(scope="class")
     @classmethod
