@@ -1,5 +1,5 @@
 """Config values that name a registered component: the algorithm, its estimator and policy loss, the
-engines, the reward provider, the weight transport and the device platform.
+engines, the reward provider, the weight transport, the device platform and the agent's tools.
 
 Each is checked against the registry the run itself resolves it from, with the entry-point plugins
 loaded (:func:`rlcore.plugins.registry`), so a name a third-party plugin registers is accepted exactly
@@ -29,15 +29,17 @@ NAMED_KEYS: dict[str, tuple[str, tuple[str, ...]]] = {
     "reward_model.engine": ("train_engines", ()),
     "transport.name": ("weight_transports", ("auto",)),
     "trainer.device": ("device_platforms", ("auto",)),
+    "agent.tools": ("tools", ()),  # a list: each entry is checked
 }
 
 
-def name_error(key: str, value: Any) -> str | None:
+def name_error(key: str, value: Any, shown: str | None = None) -> str | None:
     """What is wrong with ``key`` set to ``value``, as one line (plus advice lines when plugins failed to
     load); ``None`` when the name is registered or accepted.
 
     ``None`` values pass: for ``algorithm.adv_estimator`` and ``algorithm.policy_loss`` they mean "the
     preset's". A value of another type is left to the type check, which names the expected type.
+    ``shown``: the key path the message names (an entry of a list key: ``agent.tools[1]``).
     """
     if value is None or not isinstance(value, str):
         return None
@@ -49,7 +51,7 @@ def name_error(key: str, value: Any) -> str | None:
     also = f"; or {', '.join(extra)}" if extra else ""
     close = difflib.get_close_matches(value, [*names.names(), *extra], n=1)
     hint = f" Did you mean {close[0]!r}?" if close else ""
-    line = f"'{key}': unknown {names.kind} {value!r}. Installed: {installed}{also}.{hint}"
+    line = f"'{shown or key}': unknown {names.kind} {value!r}. Installed: {installed}{also}.{hint}"
     # A plugin that failed to load (or is not installed) is the likely cause: say which, and what to do.
     advice = names.missing_advice(value, close[0] if close else None)
     return "\n    ".join([line, *(a.replace("\n", "\n    ") for a in advice)])
@@ -63,6 +65,14 @@ def _value(config: Any, key: str) -> Any:
 
 def check_names(config: Any, keys: tuple[str, ...] | None = None) -> list[str]:
     """One message per key of ``keys`` (default: every key of :data:`NAMED_KEYS`) whose value in
-    ``config`` (an :class:`~rlcore.config.schema.RLConfig`) names nothing registered."""
-    errors = (name_error(key, _value(config, key)) for key in keys or tuple(NAMED_KEYS))
-    return [error for error in errors if error is not None]
+    ``config`` (an :class:`~rlcore.config.schema.RLConfig`) names nothing registered; for a list value
+    (``agent.tools``), one per entry, named ``key[i]``."""
+    errors = []
+    for key in keys or tuple(NAMED_KEYS):
+        value = _value(config, key)
+        if isinstance(value, list | tuple):
+            found = (name_error(key, item, f"{key}[{i}]") for i, item in enumerate(value))
+        else:
+            found = iter([name_error(key, value)])
+        errors += [error for error in found if error is not None]
+    return errors

@@ -148,6 +148,7 @@ def test_a_third_party_estimator_from_an_entry_point_is_accepted(tmp_path):
             "data.train_files=[{tmp}/missing.jsonl]",
             "'data.train_files[0]': '{tmp}/missing.jsonl' does not exist",
         ),
+        ("agent.tools=[calculator,nosuch]", "'agent.tools[1]': unknown tool 'nosuch'. Installed: calculator"),
     ],
 )
 def test_train_with_a_bad_name_or_file_exits_before_making_a_run_directory(tmp_path, override, expected):
@@ -157,3 +158,10 @@ def test_train_with_a_bad_name_or_file_exits_before_making_a_run_directory(tmp_p
     assert expected.format(tmp=tmp_path) in result.stderr
     assert "Traceback" not in result.stderr
     assert not runs.exists()
+
+
+def test_config_validate_names_a_misspelt_tool_and_the_closest_one(tmp_path):
+    result = run("config", "--validate", "agent.tools=[pythn]")
+    assert result.returncode == 2
+    assert "'agent.tools[0]': unknown tool 'pythn'." in result.stderr
+    assert "Did you mean 'python'?" in result.stderr
