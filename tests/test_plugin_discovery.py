@@ -61,9 +61,11 @@ def run(site: str, *args: str, **env: str) -> subprocess.CompletedProcess:
 
 def plugins_json(site: Path, **env: str) -> dict[str, dict]:
     proc = run(site, str(RLCORE), "plugins", "--json", **env)
-    assert proc.returncode == 0, proc.stderr
     listing = json.loads(proc.stdout)
     assert isinstance(listing, list)
+    # Exit 1 exactly when a plugin failed to load (blocked and not-selected ones are not failures).
+    failed = any(info["status"] == "failed" for info in listing)
+    assert proc.returncode == (1 if failed else 0), proc.stderr
     for info in listing:
         missing = {"name", "version", "distribution", "status", "error", "registers"} - set(info)
         assert not missing, f"plugin entry {info.get('name')} lacks {missing}"
@@ -98,8 +100,32 @@ def test_plugins_json_reports_each_plugin(site):
 
 def test_plugins_table_shows_the_failure(site):
     proc = run(site, str(RLCORE), "plugins", COLUMNS="200")
-    assert proc.returncode == 0, proc.stderr
+    assert proc.returncode == 1, proc.stderr  # a plugin failed to load
     assert "rlcore-test-echo" in proc.stdout and BOOM in proc.stdout
+
+
+def test_wrapped_error_lines_keep_their_marker(site):
+    proc = run(site, str(RLCORE), "plugins", COLUMNS="50")
+    lines = proc.stdout.splitlines()
+    start = next(i for i, line in enumerate(lines) if line.startswith("boom "))
+    error = []
+    for line in lines[start + 1 :]:
+        if not line.startswith("  "):
+            break
+        error.append(line)
+    assert len(error) > 3 and all(line.startswith("  ! ") for line in error), "\n".join(error)
+    assert "libboom.so" in "".join(line[4:] for line in error)
+
+
+def test_a_blocked_plugins_engine_is_called_blocked_not_missing(site):
+    proc = run(site, str(RLCORE), "train", "--engine", "echo", RLCORE_BLOCK_PLUGINS="echo")
+    assert proc.returncode == 2, proc.stderr
+    assert "unknown train engine 'echo'" in proc.stderr
+    assert (
+        "Plugin 'echo' (distribution 'rlcore-test-echo') is installed but not loaded: blocked by "
+        "RLCORE_BLOCK_PLUGINS='echo'" in proc.stderr
+    )
+    assert "pip install" not in proc.stderr
 
 
 def test_block_plugins(site):

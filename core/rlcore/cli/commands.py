@@ -54,16 +54,18 @@ def cmd_train(args: Any) -> int:
 
 
 def cmd_plugins(args: Any) -> int:
+    """Exit 1 when a plugin failed to load (scripts and CI can rely on it); blocked, not selected and
+    "no device" plugins are choices or facts of the machine, not failures."""
     infos = list(get_plugin_manager().plugins.values())
     if args.json:
         print(json.dumps([attrs.asdict(info) for info in infos], indent=2))
-        return 0
-    import shutil
+    else:
+        import shutil
 
-    from rlcore.cli.listing import format_plugins
+        from rlcore.cli.listing import format_plugins
 
-    print(format_plugins(infos, width=shutil.get_terminal_size().columns))
-    return 0
+        print(format_plugins(infos, width=shutil.get_terminal_size().columns))
+    return 1 if any(info.status == "failed" for info in infos) else 0
 
 
 def cmd_config(args: Any) -> int:

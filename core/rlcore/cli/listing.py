@@ -49,6 +49,7 @@ def format_plugins(infos: Iterable[PluginInfo], width: int = 80) -> str:
         if info.error and info.status == "failed":
             for line in info.error.strip().splitlines():
                 lines.extend(
-                    textwrap.wrap(line, width=max(width, 40), initial_indent="  ! ", subsequent_indent="    ")
+                    # Every wrapped piece keeps the marker: a reader (or grep) sees which lines are the error.
+                    textwrap.wrap(line, width=max(width, 40), initial_indent="  ! ", subsequent_indent="  ! ")
                 )
     return "\n".join(lines)

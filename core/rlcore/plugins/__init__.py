@@ -137,10 +137,13 @@ class PluginManager:
             if names & blocked:
                 info.status = "blocked"
                 info.error = f"blocked by {BLOCK_ENV}={os.environ[BLOCK_ENV]!r}"
-                continue
-            if only is not None and not names & only:
+            elif only is not None and not names & only:
                 info.status = "not selected"
                 info.error = f"not listed in {LOAD_ENV}={os.environ[LOAD_ENV]!r}"
+            if info.status != "loaded":
+                # Installed but kept out on purpose: a lookup of its components says so, not "install it".
+                for registry in self.registries.values():
+                    registry.skipped_plugins[ep.name] = (dist, info.error)
                 continue
             try:
                 module = ep.load()

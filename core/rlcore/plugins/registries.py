@@ -64,6 +64,9 @@ class Registry(Generic[T]):
         #: plugin name -> one-line error (exception and where it was raised), for plugins that failed to
         #: load; quoted when a lookup misses. ``rlcore plugins`` shows the full tracebacks.
         self.failed_plugins: dict[str, str] = {}
+        #: plugin name -> (distribution, why it was not loaded), for installed plugins that
+        #: ``RLCORE_BLOCK_PLUGINS`` / ``RLCORE_LOAD_PLUGINS`` kept out; quoted when a lookup misses.
+        self.skipped_plugins: dict[str, tuple[str | None, str]] = {}
 
     def register(self, name: str, target: Any, *, plugin: str = "<direct>", **options: Any) -> None:
         if not isinstance(name, str) or not name:
@@ -129,7 +132,17 @@ class Registry(Generic[T]):
             lines.append(f"Plugin {plugin!r} is installed but failed to load, {why}:\n  {error}")
         if quoted:
             lines.append("`rlcore plugins` shows the full traceback of each failed plugin.")
-        if self.install_hint and not close and not related:
+        skipped = {
+            p: (dist, why)
+            for p, (dist, why) in self.skipped_plugins.items()
+            if name in p or p in name or (dist and name in dist)
+        }
+        for plugin, (dist, why) in skipped.items():
+            package = f" (distribution {dist!r})" if dist else ""
+            lines.append(
+                f"Plugin {plugin!r}{package} is installed but not loaded: {why}. Change that variable to load it."
+            )
+        if self.install_hint and not close and not related and not skipped:
             lines.append("If it is published as a plugin, install it: " + self.install_hint.format(name=name))
         return lines
 
