@@ -26,18 +26,25 @@ _RAY_MARKERS = (":job_id:", ":actor_name:", ":task_name:", ":task_attempt_start:
 
 class WorkerError(RuntimeError):
     """A worker method raised. ``detail`` is ``"ExcType: message"``, ``worker_traceback`` the remote
-    traceback text."""
+    traceback text, ``source`` the engine and the plugin and package it came from (once the worker knows
+    its engine), so that an error inside a third party's engine says whose it is."""
 
-    def __init__(self, role: str, rank: int, phase: str, detail: str, worker_traceback: str = ""):
+    def __init__(
+        self, role: str, rank: int, phase: str, detail: str, worker_traceback: str = "", source: str = ""
+    ):
         self.role, self.rank, self.phase = role, rank, phase
-        self.detail, self.worker_traceback = detail, worker_traceback
-        message = f"{role} rank {rank} failed in {phase}: {detail}"
+        self.detail, self.worker_traceback, self.source = detail, worker_traceback, source
+        where = f" ({source})" if source else ""
+        message = f"{role} rank {rank}{where} failed in {phase}: {detail}"
         if worker_traceback:
             message += "\n--- traceback in the worker ---\n" + worker_traceback.rstrip()
         super().__init__(message)
 
     def __reduce__(self):
-        return (type(self), (self.role, self.rank, self.phase, self.detail, self.worker_traceback))
+        return (
+            type(self),
+            (self.role, self.rank, self.phase, self.detail, self.worker_traceback, self.source),
+        )
 
 
 class WorkerFailure(RuntimeError):

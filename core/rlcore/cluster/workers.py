@@ -51,9 +51,19 @@ def reports_phase(method):
                 method.__name__,
                 f"{type(exc).__name__}: {exc}",
                 traceback.format_exc(),
+                getattr(self, "engine_source", ""),
             ) from exc
 
     return wrapper
+
+
+def engine_source(entry: Any) -> str:
+    """``engine 'acme' from plugin 'acme' (rlcore-acme 0.2.0)``: what a worker's errors say of its engine."""
+    from rlcore.plugins import get_plugin_manager
+
+    info = get_plugin_manager().plugins.get(entry.plugin)
+    package = " ".join(p for p in (info.distribution, info.version) if p) if info else ""
+    return f"engine {entry.name!r} from plugin {entry.plugin!r}" + (f" ({package})" if package else "")
 
 
 def _stream_path(fd: int) -> str | None:
@@ -261,6 +271,7 @@ class TrainWorker(Worker):
         self.dist = dist
         self.platform = get_platform(device)
         entry = registry("train_engines").entry(engine_name)
+        self.engine_source = engine_source(entry)
         engine_cls = entry.load()
         config = _engine_config(entry, engine_cls, engine_config)
         activation_dtype = getattr(engine_cls, "activation_dtype", None)
@@ -427,6 +438,7 @@ class RolloutWorker(Worker):
         self.num_replicas = num_replicas
         self.platform = get_platform(device)
         entry = registry("rollout_engines").entry(engine_name)
+        self.engine_source = engine_source(entry)
         # Before the engine class is imported: engine libraries read their environment at import.
         for key, value in self.platform.rollout_env(engine_name).items():
             os.environ.setdefault(key, value)

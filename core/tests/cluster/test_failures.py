@@ -135,9 +135,14 @@ def test_death_reason_keeps_rays_account_without_its_advice():
 
 
 def test_reports_pickle_with_their_fields():
-    error = pickle.loads(pickle.dumps(WorkerError("actor", 1, "infer", "ValueError: x", "Traceback ...")))
+    error = pickle.loads(
+        pickle.dumps(WorkerError("actor", 1, "infer", "ValueError: x", "Traceback ...", "engine 'e'"))
+    )
     assert (error.role, error.rank, error.phase, error.detail) == ("actor", 1, "infer", "ValueError: x")
-    assert str(error).startswith("actor rank 1 failed in infer: ValueError: x\n--- traceback in the worker")
+    assert error.source == "engine 'e'"
+    assert str(error).startswith(
+        "actor rank 1 (engine 'e') failed in infer: ValueError: x\n--- traceback in the"
+    )
     where = {"pid": 5, "hostname": "h", "node_ip": "10.0.0.1"}
     failure = pickle.loads(pickle.dumps(WorkerFailure("critic", 0, "train_step", "killed", where, "boom")))
     assert str(failure) == (

@@ -250,7 +250,10 @@ def test_release_and_resume_reach_the_engines(ray_actor):
     probe = numbered_batch(4)
     before = ray_actor.infer(probe)["log_probs"]
     ray_actor.release(("weights",))
-    with pytest.raises(WorkerError, match=r"actor rank \d failed in infer: RuntimeError: .*released"):
+    with pytest.raises(
+        WorkerError,
+        match=r"actor rank \d \(engine 'fake' from plugin 'rlcore.testing.plugin'.*\) failed in infer: RuntimeError: .*released",
+    ):
         ray_actor.infer(probe)
     ray_actor.resume(("weights",))
     assert torch.equal(ray_actor.infer(probe)["log_probs"], before)

@@ -50,7 +50,10 @@ def test_a_failing_method_names_role_rank_and_phase():
     with pytest.raises(WorkerError) as info:
         worker.call("infer", contract_batch(2, vocab_low=1, vocab_high=50), ("log_probs",))
     assert (info.value.role, info.value.rank, info.value.phase) == ("critic", 0, "infer")
-    assert "critic rank 0 failed in infer: ValueError: FakeTrainEngine with head 'value' computes" in str(
+    # The engine and the plugin it came from (a third party's engine says whose it is).
+    source = "engine 'fake' from plugin 'rlcore.testing.plugin' (rlcore 0.1.0)"
+    assert info.value.source == source
+    assert f"critic rank 0 ({source}) failed in infer: ValueError: FakeTrainEngine with head 'value'" in str(
         info.value
     )
 
@@ -80,7 +83,9 @@ def test_rollout_worker_generates_as_its_replica():
     assert worker.topology() == (2, 3, True)
     out = worker.call("generate", [[1, 2]], SamplingParams(n=2, max_tokens=3))
     assert [len(c.token_ids) for c in out[0]] == [3, 3]
-    with pytest.raises(WorkerError, match="rollout rank 2 failed in release: ValueError"):
+    with pytest.raises(
+        WorkerError, match=r"rollout rank 2 \(engine 'fake' from plugin .*\) failed in release: ValueError"
+    ):
         worker.release(["optimizer"])
 
 
