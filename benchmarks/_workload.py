@@ -167,7 +167,7 @@ def peak_memory_gib(platform) -> float:
 
 def host_threads(world: int) -> int:
     """Intra-op threads for each of ``world`` ranks: their share of ``BENCH_HOST_CPUS`` (the cores this run
-    may use; default all of the host's). Two runs side by side on one host (``megatron_h100.sh``'s pairs)
+    may use; default all of the host's). Two runs side by side on one host (the ``megatron-pair-*`` stages of ``python -m benchmarks.gpu``)
     set it to half each: with every process taking all cores, the host's OpenMP threads were oversubscribed
     two to one and the FSDP engine's per-micro-batch host indexing took 8 ms a call instead of well under
     one (2 x H200 profile, ``docs/benchmarks.md``)."""

@@ -365,7 +365,7 @@ def main() -> None:
             result["verl_summary"] = {
                 k: statistics.median(s[k] for s in timed if isinstance(s.get(k), (int, float))) for k in keys
             }
-            memory = args.verl / "gpu_memory.csv"  # nvidia-smi -lms 500 during the run (step_h100.sh)
+            memory = args.verl / "gpu_memory.csv"  # nvidia-smi -lms 500 during the step-* stages
             if memory.exists():
                 used = [float(x) for x in memory.read_text().split() if x.replace(".", "").isdigit()]
                 result["verl_summary"]["peak_gpu_memory_gib"] = max(used) / 1024 if used else None

@@ -23,7 +23,7 @@ rows' setting does), ``--compile``, ``--overlap-grad-reduce``, ``--gradient-chec
 writes one more step's top operators and the device's idle gaps (``_profile.py``); peak memory is the
 peak allocated on rank 0 during the timed steps.
 
-GPU runs (megatron-core from the SGLang bundle; ``benchmarks/gpu/megatron_h100.sh`` runs the rows of
+GPU runs (megatron-core from the SGLang bundle; the ``megatron-*`` stages of ``python -m benchmarks.gpu`` run the rows of
 ``docs/benchmarks.md``, each beside the FSDP engine)::
 
     python benchmarks/megatron_gpu.py --gpus 1 --layouts tp1 --model qwen2.5-1.5b --remove-padding \

@@ -31,7 +31,7 @@ ROWS = {
     ("1.5B", "FSDP"): "h200-1.5b-fsdp-pair2.json",
 }
 
-#: The one-H100 call (``megatron_h100.sh seq-*``); a missing file is a run that did not finish (OOM).
+#: The one-H100 call (the ``megatron-seq-*`` stages); a missing file is a run that did not finish (OOM).
 H100_ROWS = {
     ("0.5B", "Megatron TP=1, compiled"): "h100/seq-0.5b-megatron-compile.json",
     ("0.5B", "Megatron TP=1, eager"): "h100/seq-0.5b-megatron-eager.json",
@@ -43,7 +43,7 @@ H100_ROWS = {
 
 
 def seq2_rows(megatron: str, fsdp: str) -> dict:
-    """A ``megatron_h100.sh seq2-*`` call's files (Megatron's under ``megatron``, FSDP's under ``fsdp``):
+    """A ``megatron-seq2-*`` stage's files (Megatron's under ``megatron``, FSDP's under ``fsdp``):
     each row and its independent re-run, one per GPU."""
     return {
         (shape, f"{engine}, {run}"): f"{folder}{prefix}-{shape.lower()}-{suffix}.json"

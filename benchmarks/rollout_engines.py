@@ -1,7 +1,7 @@
 """vLLM next to SGLang as rlcore rollout plugins: the rows users choose a rollout engine by.
 
 Reads the JSON of ``benchmarks/vllm_gpu.py`` and ``benchmarks/sglang_gpu.py`` run in one device call on
-the same GPU with the same arguments (``benchmarks/gpu/engines_h100.sh bench``) and puts the plugins'
+the same GPU with the same arguments (``python -m benchmarks.gpu engines-bench``) and puts the plugins'
 numbers side by side: generation tokens/s per batch size (median of the repeats, with the spread of the
 runs), and colocated weight-sync seconds per model shape (median of the timed syncs, the first one left
 out as warm-up, as both scripts report it), each next to the copy floor.
@@ -175,7 +175,7 @@ def main() -> None:
     table = compare(vllm, json.loads(args.sglang.read_text()))
     if args.out:
         args.out.write_text(json.dumps(table, indent=2))
-    command = "bash benchmarks/gpu/engines_h100.sh bench"
+    command = "python3 -m benchmarks.gpu engines-bench"
     print("\n".join(rows(table, command)))
     if args.plot:
         plot(table, args.plot)

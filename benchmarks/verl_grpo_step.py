@@ -1,6 +1,6 @@
 """verl's GRPO trainer on the same model and data as rlcore's GPU benchmarks: one step's time, phase by phase.
 
-Runs ``python -m verl.trainer.main_ppo`` (verl 0.9.1, from the bundle ``benchmarks/gpu/verl_bundle.sh`` builds)
+Runs ``python -m verl.trainer.main_ppo`` (verl 0.9.1, from the bundle ``python -m benchmarks.gpu bundle verl`` builds)
 on one GPU: GRPO, FSDP2 actor and reference (KL loss on), vLLM rollout (verl's only mode in 0.9: ``async``,
 an AsyncLLM server per replica driven by the agent loop, weights synced by the colocated ``naive``
 checkpoint engine), ``--prompts`` prompts of exactly ``--prompt-len`` random word tokens, ``--n`` responses

@@ -1,7 +1,7 @@
 """The SGLang engine on a CUDA GPU: rlcore's contract suite, the post-sync check after weights from
 rlcore's FSDP engine (and its failure with the cache flush switched off), partial bad streams, memory
 tags, async requests and bad input. One engine serves the module. Skipped where there is no CUDA GPU or
-no sglang (CI); run on the lent GPU machine (benchmarks/gpu/sglang_h100.sh), results in
+no sglang (CI); run on the lent GPU machine (python -m benchmarks.gpu sglang-tests), results in
 benchmarks/results/sglang/.
 
 ``RLCORE_SGLANG_TEST_MODEL`` points at a model folder to test with (the GPU run uses a random

@@ -3,7 +3,7 @@ the other GPU (split placement: NCCL straight into SGLang's scheduler), and a te
 (``tensor_parallel_size=2``) that re-shards the Hugging Face-named stream itself, under rlcore's
 rollout contract suite. Each engine lives for one test class (SGLang's shutdown ends every child
 process of this one, so two never overlap). Skipped without two GPUs or sglang (CI); run on the lent
-2-GPU machine (``benchmarks/gpu/sglang_h100.sh tests-multi``), results in benchmarks/results/sglang/.
+2-GPU machine (``python -m benchmarks.gpu sglang-tests-multi``), results in benchmarks/results/sglang/.
 """
 
 import importlib.util

@@ -1,0 +1,1 @@
+"""Benchmark scripts (run as files, ``python benchmarks/<name>.py``) and the GPU harness (``python -m benchmarks.gpu``)."""
