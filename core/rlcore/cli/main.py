@@ -55,14 +55,34 @@ def build_parser() -> argparse.ArgumentParser:
     export.add_argument("checkpoint", help="checkpoint directory (runs/<name>/checkpoints/step_N)")
     export.add_argument("--out", required=True, help="output folder")
     export.add_argument("--role", default="actor", help="which role's model to export (default: actor)")
+
+    new_plugin = sub.add_parser("new-plugin", help="write a working plugin package to start from")
+    new_plugin.add_argument("name", metavar="NAME", help="plugin name: lowercase letters, digits, hyphens")
+    new_plugin.add_argument(
+        "--kind",
+        required=True,
+        choices=("train", "rollout", "reward", "tool", "device", "transport"),
+        metavar="KIND",
+        help="what the plugin provides: train, rollout, reward, tool, device or transport",
+    )
+    new_plugin.add_argument("--dir", default=".", metavar="PATH", help="where rlcore-NAME/ goes (default: .)")
+    new_plugin.set_defaults(handler="rlcore.cli.new_plugin:cmd_new_plugin")
     return parser
+
+
+def _load_handler(target: str):
+    """A subcommand implemented outside ``commands`` (``"module:function"``), imported when it runs."""
+    import importlib
+
+    module, _, name = target.partition(":")
+    return getattr(importlib.import_module(module), name)
 
 
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     from rlcore.cli import commands
 
-    handler = getattr(commands, f"cmd_{args.command}")
+    handler = getattr(commands, f"cmd_{args.command}", None) or _load_handler(args.handler)
     try:
         return handler(args) or 0
     except commands.UserError as exc:
