@@ -138,10 +138,20 @@ def environment() -> dict[str, Any]:
 
 
 def _sandbox_layers() -> dict[str, Any]:
-    from rlcore.sandbox.local import LocalSandbox
+    """The default local sandbox here: each layer held or missing (with why), and which layers hold
+    each concern."""
+    from rlcore.sandbox import SandboxConfig
 
-    isolation = LocalSandbox().isolation()
-    return {k: isolation[k] for k in ("network", "filesystem", "processes", "signals", "cleanup", "guard")}
+    isolation = SandboxConfig().build().isolation()
+    concerns = ("network", "filesystem", "reads", "privileges", "processes", "signals", "cleanup", "guard")
+    return {
+        "layers": {
+            name: "held" if layer["held"] else f"missing: {layer['why']}"
+            for name, layer in isolation.get("layers", {}).items()
+        },
+        "uid": isolation.get("uid"),
+        "concerns": {k: isolation[k] for k in concerns},
+    }
 
 
 def cmd_env(args: Any) -> int:
@@ -162,9 +172,13 @@ def cmd_env(args: Any) -> int:
         mark = "*" if row["chosen"] else " "
         state = "available" if row["available"] else "no device"
         print(f"  {mark} {row['name']:<10} priority {row['priority']:>4}  {state:<10} {row['why']}")
-    print("local sandbox layers (docs/agents.md, The sandbox):")
-    for concern, layers in data["sandbox"].items():
-        print(f"  {concern:<11} {', '.join(layers) if layers else '-'}")
+    box = data["sandbox"]
+    print(f"local sandbox layers (docs/security.md; the code runs as uid {box['uid']}):")
+    for name, state in box["layers"].items():
+        print(f"  {name:<15} {state}")
+    print("local sandbox concerns, by the layers that hold them:")
+    for concern, layers in box["concerns"].items():
+        print(f"  {concern:<15} {', '.join(layers) if layers else '-'}")
     return 0
 
 

@@ -4,15 +4,18 @@ use privileges the code must not keep.
 
 Process tree, one per call::
 
-    outer   (new session; joins the pids cgroup; unshares net, pid [and user] namespaces)
-     └ init (pid 1 of the new pid namespace, when there is one: reaps, and its exit kills every
-     │       process left in the namespace)
-        └ user (rlimits, Landlock, no_new_privs, audit-hook guard, then the user's ``main.py``)
+    outer   (new session; joins the pids cgroup; unshares net, pid, mount [and user] namespaces)
+     └ init (pid 1 of the new pid namespace, when there is one: builds the minimal read-only root and
+     │       pivots into it, reaps, and its exit kills every process left in the namespace)
+        └ user (Landlock, then the unprivileged uid, no capabilities, rlimits, no_new_privs, the
+                seccomp filter, the audit-hook guard, then the user's ``main.py``)
 
 Each layer that was asked for "auto" is applied when the kernel allows it and recorded; one asked for
 "require" that fails ends the call with exit code :data:`FATAL` and a ``fatal`` report. Reports are
 JSON lines on the inherited descriptor ``report_fd``; the user process closes its copy before the code
 starts, so the last line (``exit``, written by the process that reaped the user process) is trusted.
+``user.layers`` says of each layer of :data:`LAYERS` whether it held and, if not, why; a layer named
+in ``require`` that did not hold ends the call before the code runs.
 """
 
 import ctypes
@@ -23,22 +26,38 @@ import signal
 import sys
 
 FATAL = 125
+#: Every layer a call may get (``sandbox.require`` names some of them), see ``docs/security.md``.
+LAYERS = ("netns", "pidns", "mountns", "landlock", "landlock-net", "landlock-scope", "cgroup", "user",
+          "seccomp")  # fmt: skip
 
 CLONE_NEWNS = 0x00020000
 CLONE_NEWUSER = 0x10000000
 CLONE_NEWPID = 0x20000000
 CLONE_NEWNET = 0x40000000
-MS_REC = 0x4000
+MS_RDONLY, MS_NOSUID, MS_NODEV, MS_NOEXEC = 1, 2, 4, 8
+MS_REMOUNT, MS_BIND, MS_REC = 32, 4096, 0x4000
+MS_NOATIME, MS_NODIRATIME, MS_RELATIME = 1024, 2048, 1 << 21
 MS_PRIVATE = 1 << 18
-MS_NOSUID, MS_NODEV, MS_NOEXEC = 2, 4, 8
+MNT_DETACH = 2
 PR_SET_PDEATHSIG = 1
+PR_CAPBSET_DROP = 24
+PR_SET_SECCOMP, SECCOMP_MODE_FILTER = 22, 2
 PR_SET_NO_NEW_PRIVS = 38
+PR_CAP_AMBIENT, PR_CAP_AMBIENT_CLEAR_ALL = 47, 4
+_LINUX_CAPABILITY_VERSION_3 = 0x20080522
+
+#: What the code may read besides its scratch directory: the interpreter (found from ``sys``), the
+#: system's shared libraries and the dynamic linker's cache, time zone data, and these devices.
+SYSTEM_READ = ("/usr/lib", "/usr/lib64", "/usr/lib32", "/usr/local/lib", "/lib", "/lib64", "/lib32",
+               "/etc/ld.so.cache", "/etc/localtime", "/usr/share/zoneinfo")  # fmt: skip
+DEVICES = ("/dev/null", "/dev/zero", "/dev/random", "/dev/urandom")
 
 # Landlock (linux/landlock.h); the syscall numbers are the same on every architecture.
 SYS_LANDLOCK_CREATE_RULESET, SYS_LANDLOCK_ADD_RULE, SYS_LANDLOCK_RESTRICT_SELF = 444, 445, 446
 LANDLOCK_CREATE_RULESET_VERSION = 1
 LANDLOCK_RULE_PATH_BENEATH = 1
-FS_WRITE_FILE = 1 << 1
+FS_EXECUTE, FS_WRITE_FILE, FS_READ_FILE, FS_READ_DIR = 1, 1 << 1, 1 << 2, 1 << 3
+FS_READ = FS_EXECUTE | FS_READ_FILE | FS_READ_DIR
 FS_WRITE_ABI1 = FS_WRITE_FILE | sum(1 << bit for bit in range(4, 13))  # remove_*, make_*
 FS_REFER, FS_TRUNCATE = 1 << 13, 1 << 14
 NET_BIND_TCP, NET_CONNECT_TCP = 1, 2
@@ -95,16 +114,16 @@ def _write(path: str, text: str) -> None:
 def unshare_namespaces(cfg: dict, report: Reporter) -> dict:
     """Enter new network and pid namespaces (inside a new user namespace when not root)."""
     if cfg["namespaces"] == "off":
-        return {"netns": False, "pidns": False, "userns": False}
+        return {"netns": False, "pidns": False, "userns": False, "why": "namespaces is off"}
     uid, gid = os.geteuid(), os.getegid()
     flags = CLONE_NEWNET | CLONE_NEWPID | CLONE_NEWNS
     userns = uid != 0
     if userns:
         flags |= CLONE_NEWUSER
     if _libc.unshare(flags) != 0:
-        why = _errno_text()
+        why = f"unshare(net, pid, mount{', user' if userns else ''}) failed: {_errno_text()}"
         if cfg["namespaces"] == "require":
-            fatal(report, f"unshare(net, pid, mount{', user' if userns else ''}) failed: {why}")
+            fatal(report, why)
         return {"netns": False, "pidns": False, "userns": False, "why": why}
     if userns:
         # Map our own ids, so files the code creates belong to the caller as usual.
@@ -125,7 +144,125 @@ def mount_private_proc() -> bool:
     return _libc.mount(b"proc", b"/proc", b"proc", flags, None) == 0
 
 
-# -- user: limits, Landlock, guard ------------------------------------------------------------------
+# -- what the code may read ------------------------------------------------------------------------
+def _resolve(path: str, links: list, depth: int = 0) -> str:
+    """The real path of ``path``, recording each symlink met on the way as ``(link, target)``."""
+    cur = "/"
+    for part in path.split("/"):
+        if part in ("", "."):
+            continue
+        if part == "..":
+            cur = os.path.dirname(cur)
+            continue
+        nxt = os.path.join(cur, part)
+        if os.path.islink(nxt) and depth < 40:
+            target = os.readlink(nxt)
+            links.append((nxt, target))
+            cur = _resolve(os.path.join(cur, target), links, depth + 1)
+        else:
+            cur = nxt
+    return cur
+
+
+def read_allowlist(cfg: dict) -> tuple[list, list]:
+    """``(real paths the code may read, symlinks leading to them)``: this interpreter (its executable,
+    ``pyvenv.cfg``, the libraries mapped into it, every ``sys.path`` entry: the standard library, plus
+    site-packages where the interpreter was started with them), :data:`SYSTEM_READ` and
+    ``cfg["read_paths"]``. Paths that do not exist are left out; so is a path beneath another."""
+    bindir = os.path.dirname(sys.executable)  # a venv's pyvenv.cfg sits beside bin/ or in it
+    wanted = [sys.executable, *SYSTEM_READ, *cfg["read_paths"]]
+    wanted += [os.path.join(d, "pyvenv.cfg") for d in (bindir, os.path.dirname(bindir))]
+    wanted += [p for p in sys.path if p]
+    with open("/proc/self/maps") as f:
+        wanted += [line.split(None, 5)[5].strip() for line in f if line.count(" ") >= 5 and "/" in line]
+    links: list = []
+    real = set()
+    for path in wanted:
+        if path.startswith("/") and os.path.lexists(path):
+            resolved = _resolve(path, links)
+            if os.path.exists(resolved):
+                real.add(resolved)
+    kept: list = []
+    for path in sorted(real):
+        if not any(path.startswith(k.rstrip("/") + "/") for k in kept):
+            kept.append(path)
+    return kept, list(dict.fromkeys(links))
+
+
+# -- init: the minimal read-only root ---------------------------------------------------------------
+def _mount(source, target: str, fstype, flags: int, data=None) -> None:
+    enc = [x.encode() if isinstance(x, str) else x for x in (source, target, fstype, data)]
+    if _libc.mount(enc[0], enc[1], enc[2], flags, enc[3]) != 0:
+        raise OSError(ctypes.get_errno(), f"mount {target}: {_errno_text()}")
+
+
+def _kept_flags(path: str) -> int:
+    """The flags of the mount ``path`` is on: a remount (in a user namespace) may not clear them."""
+    st = os.statvfs(path).f_flag
+    flags = st & (MS_RDONLY | MS_NOSUID | MS_NODEV | MS_NOEXEC | MS_NOATIME | MS_NODIRATIME)
+    return flags | (MS_RELATIME if st & 4096 else 0)
+
+
+def build_root(cfg: dict, outer: dict, allow: list, links: list, report: Reporter) -> dict:
+    """As init of the new pid and mount namespaces: a tmpfs at ``root_dir`` holding, at their own
+    paths, read-only binds of ``allow``, the scratch directory (writable), :data:`DEVICES` and a
+    /proc of this pid namespace; the tmpfs is then made read-only and becomes ``/`` (``pivot_root``),
+    and the old root is detached, so nothing else of the machine's file system is reachable."""
+    mode = cfg["mountns"]
+    if mode == "off":
+        return {"held": False, "why": "mountns is off", "proc": False}
+    try:
+        if not outer.get("mounts_private"):
+            raise OSError(f"no private mount namespace ({outer.get('why') or 'namespaces are off'})")
+        if cfg["pivot_root_nr"] is None:
+            raise OSError("no pivot_root syscall number for this architecture")
+        new = cfg["root_dir"]
+        _mount("tmpfs", new, "tmpfs", MS_NOSUID | MS_NODEV, "mode=0755,size=1m")
+
+        def bind(path: str, writable: bool = False, device: bool = False) -> None:
+            target = new + path
+            if os.path.isdir(path):
+                os.makedirs(target, exist_ok=True)
+            else:
+                os.makedirs(os.path.dirname(target), exist_ok=True)
+                open(target, "a").close()
+            _mount(path, target, None, MS_BIND | MS_REC)
+            flags = _kept_flags(path) & ~(0 if not writable else MS_RDONLY)
+            flags |= MS_NOSUID | (0 if writable else MS_RDONLY) | (0 if device else MS_NODEV)
+            _mount(None, target, None, MS_BIND | MS_REMOUNT | flags)
+
+        for path in allow:
+            bind(path)
+        bind(cfg["scratch"], writable=True)
+        for path in DEVICES:
+            if os.path.exists(path):
+                bind(path, writable=path == "/dev/null", device=True)
+        for link, target in links:
+            inside = any(link.startswith(p.rstrip("/") + "/") for p in allow)
+            if not inside and not os.path.lexists(new + link):
+                os.makedirs(os.path.dirname(new + link), exist_ok=True)
+                os.symlink(target, new + link)
+        os.makedirs(new + "/proc", exist_ok=True)
+        try:  # refused in a user namespace where the machine's /proc is partly masked (containers)
+            _mount("proc", new + "/proc", "proc", MS_NOSUID | MS_NODEV | MS_NOEXEC)
+            proc = True
+        except OSError:
+            proc = False
+        _mount(None, new, None, MS_REMOUNT | MS_RDONLY | MS_NOSUID | MS_NODEV)
+        os.chdir(new)
+        if _libc.syscall(cfg["pivot_root_nr"], b".", b".") != 0:
+            raise OSError(ctypes.get_errno(), f"pivot_root: {_errno_text()}")
+        if _libc.umount2(b".", MNT_DETACH) != 0:
+            raise OSError(ctypes.get_errno(), f"detaching the old root: {_errno_text()}")
+        os.chdir("/")
+    except OSError as exc:
+        if mode == "require":
+            fatal(report, f"could not build the read-only root: {exc}")
+        return {"held": False, "why": str(exc), "proc": False}
+    return {"held": True, "proc": proc}
+
+
+# -- user: limits, Landlock, privileges, seccomp, guard ----------------------------------------------
 def set_rlimits(limits: dict, nproc: int | None) -> None:
     cpu = max(1, int(limits["cpu_s"] + 0.999))
     memory = int(limits["memory_mib"]) * 2**20
@@ -165,27 +302,36 @@ class _PathBeneathAttr(ctypes.Structure):
     _fields_ = [("allowed_access", ctypes.c_uint64), ("parent_fd", ctypes.c_int32)]
 
 
-def landlock(cfg: dict, report: Reporter) -> dict:
-    """Allow writes only beneath the scratch directory (and to /dev/null); where the ABI has them,
-    refuse TCP bind/connect and signals to processes outside the sandbox."""
+def landlock(cfg: dict, allow: list, report: Reporter) -> dict:
+    """Allow reads only of ``allow``, the scratch directory, :data:`DEVICES` and this process's own
+    /proc entry, and writes only beneath the scratch directory (and to /dev/null); where the ABI has
+    them, refuse TCP bind/connect and signals to processes outside the sandbox. With ``reads`` off,
+    only writes are restricted."""
     mode = cfg["landlock"]
     if mode == "off":
-        return {"abi": 0}
+        return {"abi": 0, "why": "landlock is off"}
     _libc.syscall.restype = ctypes.c_long
     abi = _libc.syscall(SYS_LANDLOCK_CREATE_RULESET, None, 0, LANDLOCK_CREATE_RULESET_VERSION)
     if abi < 1:
         if mode == "require":
             fatal(report, f"Landlock is not available in this kernel: {_errno_text()}")
-        return {"abi": 0, "why": _errno_text()}
+        return {"abi": 0, "why": f"Landlock is not available in this kernel: {_errno_text()}"}
     write = FS_WRITE_ABI1 | (FS_REFER if abi >= 2 else 0) | (FS_TRUNCATE if abi >= 3 else 0)
-    attr = _RulesetAttr(write, NET_BIND_TCP | NET_CONNECT_TCP if abi >= 4 else 0,
+    reads = FS_READ if cfg["reads"] else 0
+    attr = _RulesetAttr(write | reads, NET_BIND_TCP | NET_CONNECT_TCP if abi >= 4 else 0,
                         SCOPE_ABSTRACT_UNIX_SOCKET | SCOPE_SIGNAL if abi >= 6 else 0)  # fmt: skip
     size = 8 if abi < 4 else 16 if abi < 6 else 24
     ruleset = _libc.syscall(SYS_LANDLOCK_CREATE_RULESET, ctypes.byref(attr), size, 0)
     if ruleset < 0:
         fatal(report, f"landlock_create_ruleset failed: {_errno_text()}")
     file_write = FS_WRITE_FILE | (FS_TRUNCATE if abi >= 3 else 0)
-    for path, allowed in ((cfg["scratch"], write), ("/dev/null", file_write)):
+    file_read = reads & (FS_EXECUTE | FS_READ_FILE)
+    rules = [(cfg["scratch"], write | reads), ("/dev/null", file_write | file_read)]
+    if reads:
+        rules += [(path, reads if os.path.isdir(path) else file_read) for path in allow]
+        rules += [(path, file_read) for path in DEVICES[1:] if os.path.exists(path)]
+        rules += [("/proc/self", FS_READ_FILE | FS_READ_DIR)] if os.path.isdir("/proc/self") else []
+    for path, allowed in rules:
         fd = os.open(path, os.O_PATH | os.O_CLOEXEC)
         rule = _PathBeneathAttr(allowed, fd)
         if _libc.syscall(SYS_LANDLOCK_ADD_RULE, ruleset, LANDLOCK_RULE_PATH_BENEATH, ctypes.byref(rule), 0):
@@ -196,7 +342,96 @@ def landlock(cfg: dict, report: Reporter) -> dict:
     if _libc.syscall(SYS_LANDLOCK_RESTRICT_SELF, ruleset, 0) != 0:
         fatal(report, f"landlock_restrict_self failed: {_errno_text()}")
     os.close(ruleset)
-    return {"abi": abi, "net": abi >= 4, "signals": abi >= 6}
+    return {"abi": abi, "reads": bool(reads), "net": abi >= 4, "signals": abi >= 6}
+
+
+class _CapHeader(ctypes.Structure):
+    _fields_ = [("version", ctypes.c_uint32), ("pid", ctypes.c_int)]
+
+
+class _CapData(ctypes.Structure):
+    _fields_ = [
+        ("effective", ctypes.c_uint32),
+        ("permitted", ctypes.c_uint32),
+        ("inheritable", ctypes.c_uint32),
+    ]
+
+
+def _unreachable_for(uid: int, gid: int) -> str:
+    """Why user ``uid`` could not run this interpreter (its ``sys.path``), or ``""``."""
+    os.setegid(gid)
+    os.seteuid(uid)
+    try:
+        for path in [os.path.dirname(os.__file__), *(p for p in sys.path if os.path.isdir(p))]:
+            try:
+                os.listdir(path)
+            except OSError as exc:
+                return f"uid {uid} cannot read the interpreter's {path} ({exc.strerror})"
+        return ""
+    finally:
+        os.seteuid(0)
+        os.setegid(0)
+
+
+def plan_user(cfg: dict, report: Reporter) -> tuple:
+    """``((uid, gid) to become or None, why not)``: ``cfg["user"]`` when we are root and that user can
+    read the interpreter (the read-only root makes it so)."""
+    target = cfg["user"]
+    if os.geteuid() != 0:
+        return None, ""  # unprivileged already (the caller's uid, in a user namespace or not)
+    if not target:
+        return None, "sandbox.user is null: the code runs as root (without capabilities)"
+    os.setgroups([])
+    why = _unreachable_for(*target)
+    if why and cfg["user_mode"] == "require":
+        fatal(report, f"cannot drop to user {target[0]}: {why}")
+    return (None, why) if why else (tuple(target), "")
+
+
+def drop_privileges(cfg: dict, plan: tuple, report: Reporter) -> dict:
+    """Become the planned user, else (root, where that user could not run the interpreter) take the
+    scratch directory back; then drop every capability (those a user namespace granted, too), so
+    nothing the code does is privileged."""
+    target, why = plan
+    if os.geteuid() == 0 and cfg["user"] and not target:
+        for path in (cfg["scratch"], os.path.join(cfg["scratch"], "main.py")):
+            os.chown(path, 0, 0)
+    # The bounding set first: dropping from it needs CAP_SETPCAP, which the uid change takes away.
+    for cap in range(64):
+        _libc.prctl(PR_CAPBSET_DROP, cap, 0, 0, 0)  # EINVAL past the last capability: ignored
+    _libc.prctl(PR_CAP_AMBIENT, PR_CAP_AMBIENT_CLEAR_ALL, 0, 0, 0)
+    if target:
+        uid, gid = target
+        os.setresgid(gid, gid, gid)
+        os.setresuid(uid, uid, uid)
+    data = (_CapData * 2)()
+    if _libc.capset(ctypes.byref(_CapHeader(_LINUX_CAPABILITY_VERSION_3, 0)), data) != 0:
+        fatal(report, f"capset (dropping every capability) failed: {_errno_text()}")
+    uid = os.geteuid()
+    return {"held": uid != 0, "uid": uid, "gid": os.getegid(), "why": why}
+
+
+class _SockFprog(ctypes.Structure):
+    _fields_ = [("len", ctypes.c_ushort), ("filter", ctypes.c_void_p)]
+
+
+def install_seccomp(cfg: dict, report: Reporter) -> dict:
+    """The syscall filter of :mod:`rlcore.sandbox.seccomp` (built by the parent)."""
+    mode = cfg["seccomp"]
+    if mode == "off":
+        return {"held": False, "why": "seccomp is off"}
+    program = bytes.fromhex(cfg["seccomp_filter"] or "")
+    why = cfg["seccomp_why"]
+    if program:
+        buffer = ctypes.create_string_buffer(program, len(program))
+        prog = _SockFprog(len(program) // 8, ctypes.addressof(buffer))
+        _libc.prctl(PR_SET_NO_NEW_PRIVS, 1, 0, 0, 0)
+        if _libc.prctl(PR_SET_SECCOMP, SECCOMP_MODE_FILTER, ctypes.byref(prog), 0, 0) == 0:
+            return {"held": True}
+        why = f"prctl(PR_SET_SECCOMP) failed: {_errno_text()}"
+    if mode == "require":
+        fatal(report, why)
+    return {"held": False, "why": why}
 
 
 _PATH_EVENTS = {
@@ -213,9 +448,10 @@ AF_UNIX = 1  # Linux
 _WRITE_FLAGS = os.O_WRONLY | os.O_RDWR | os.O_APPEND | os.O_CREAT | os.O_TRUNC
 
 
-def install_guard(scratch: str, block: dict) -> None:
+def install_guard(scratch: str, block: dict, readable: list) -> None:
     """An audit hook refusing, inside this interpreter, what ``block`` names: writes outside
-    ``scratch`` (``files``), non-Unix sockets (``network``), new processes (``processes``), signals to
+    ``scratch`` (``files``), reads outside ``scratch`` and ``readable`` (``reads``), non-Unix sockets
+    (``network``), new processes (``processes``), signals to
     processes outside the sandbox's process group (``signals``), and loading native code through ctypes
     (``ctypes``, the way around every audit hook).
 
@@ -223,17 +459,32 @@ def install_guard(scratch: str, block: dict) -> None:
     """
     root = os.path.realpath(scratch)
     allowed_files = {"/dev/null"}
+    read_roots = [root, *readable, *DEVICES, f"/proc/{os.getpid()}"]
+
+    def real_path(path) -> str:
+        return os.path.realpath(os.path.join(os.getcwd(), os.fsdecode(path)))
 
     def inside(path) -> bool:
         if isinstance(path, int):
             return True  # an open descriptor: its opening was checked
-        real = os.path.realpath(os.path.join(os.getcwd(), os.fsdecode(path)))
+        real = real_path(path)
         return real == root or real.startswith(root + os.sep) or real in allowed_files
+
+    def readable_path(path) -> bool:
+        if isinstance(path, int):
+            return True
+        real = real_path(path)
+        return any(real == r or real.startswith(r.rstrip("/") + "/") for r in read_roots)
 
     def refuse(what: str) -> None:
         raise PermissionError(f"sandbox: {what} is not allowed")
 
     def hook(event: str, args: tuple) -> None:
+        if block.get("reads") and event in ("open", "os.listdir", "os.scandir"):
+            path = args[0]
+            reading = event != "open" or not args[2] & _WRITE_FLAGS
+            if path is not None and reading and not readable_path(path):
+                refuse(f"reading {os.fsdecode(path)!r} (not on the sandbox's read allowlist)")
         if block.get("files"):
             if event == "open":
                 path, _mode, flags = args
@@ -289,35 +540,65 @@ def install_guard(scratch: str, block: dict) -> None:
         _posixsubprocess.fork_exec = fork_exec
 
 
-def run_user_code(cfg: dict, report: Reporter, outer: dict) -> int:
+def run_user_code(cfg: dict, report: Reporter, outer: dict, root: dict, allow: list) -> int:
     _libc.prctl(PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0)
-    uid = os.geteuid()
+    os.chdir(cfg["scratch"])
     limits = cfg["limits"]
+    plan = plan_user(cfg, report)
+    uid = plan[0][0] if plan[0] else os.geteuid()  # the uid the code will run as
     # The kernel does not apply RLIMIT_NPROC to root; for another user it counts all their tasks
-    # (threads included), so the limit is what they run now plus the sandbox's share.
-    nproc_enforced = uid != 0
+    # (threads included), so the limit is what they run now plus the sandbox's share. Only where no
+    # pids cgroup holds: the cgroup bounds this call exactly, the rlimit every call of the user.
+    nproc_enforced = uid != 0 and not outer["cgroup"]
     # This process is counted already: the code may have max_processes, itself included.
     nproc = (user_task_count(uid) + int(limits["max_processes"]) - 1) if nproc_enforced else None
-    ll = landlock(cfg, report)
+    ll = landlock(cfg, allow, report)
+    user = drop_privileges(cfg, plan, report)
     set_rlimits(limits, nproc)
+    sc = install_seccomp(cfg, report)
+    reads = root["held"] or ll.get("reads", False)
     files = ll["abi"] >= 1
     network = outer["netns"] or ll.get("net", False)
-    processes = outer["cgroup"] or nproc_enforced
+    processes = outer["cgroup"] or nproc is not None
     guard = {}
     if cfg["guard"]:
         signals = outer["pidns"] or ll.get("signals", False)
         guard = {
             "files": not files,
+            "reads": not reads and cfg["reads"],
             "network": not network,
             "processes": not processes,
             "signals": not signals,
         }
         guard["ctypes"] = any(guard.values())
         guard = {k: v for k, v in guard.items() if v}
-        install_guard(cfg["scratch"], guard)
+        install_guard(cfg["scratch"], guard, allow)
+    missing = "no new namespaces"
+    layers = {
+        "netns": (outer["netns"], outer.get("why", missing)),
+        "pidns": (outer["pidns"], outer.get("why", missing)),
+        "mountns": (root["held"], root.get("why", "")),
+        "landlock": (ll["abi"] >= 1 and ll.get("reads", False), ll.get("why", "reads are not restricted")),
+        "landlock-net": (ll.get("net", False), ll.get("why", f"Landlock ABI {ll['abi']} < 4")),
+        "landlock-scope": (ll.get("signals", False), ll.get("why", f"Landlock ABI {ll['abi']} < 6")),
+        "cgroup": (outer["cgroup"], outer.get("cgroup_why", "")),
+        "user": (user["held"], user["why"]),
+        "seccomp": (sc["held"], sc.get("why", "")),
+    }
+    layers = {name: {"held": bool(held), "why": "" if held else why} for name, (held, why) in layers.items()}
     report.send(
-        user={"landlock": ll, "nproc": nproc, "guard": sorted(guard), "proc": outer.get("proc", False)}
+        user={
+            "landlock": ll,
+            "nproc": nproc,
+            "guard": sorted(guard),
+            "proc": root.get("proc") or outer.get("proc", False),
+            "uid": user["uid"],
+            "layers": layers,
+        }
     )
+    for name in cfg["require"]:
+        if not layers[name]["held"]:
+            fatal(report, f"sandbox.require names {name!r}, which did not hold here: {layers[name]['why']}")
     report.close()
 
     path = os.path.join(cfg["scratch"], "main.py")
@@ -363,19 +644,33 @@ def main() -> None:
     report = Reporter(cfg["report_fd"])
     cgroup = join_cgroup(cfg, report)
     outer = {"cgroup": cgroup, **unshare_namespaces(cfg, report)}
+    if not cgroup:
+        outer["cgroup_why"] = cfg["cgroup_why"]
     report.send(outer=outer)
+    allow, links = read_allowlist(cfg) if cfg["reads"] else ([], [])
+    root = {"held": False, "why": "reads are not restricted", "proc": False}
     # With a pid namespace the first child is its pid 1 (init); without one, the user process itself.
     pid = os.fork()
     if pid == 0:
         if outer["pidns"]:
             _libc.prctl(PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0)
-            outer["proc"] = outer["mounts_private"] and mount_private_proc()
+            if cfg["reads"]:
+                root = build_root(cfg, outer, allow, links, report)
+            if not root["held"]:
+                outer["proc"] = outer["mounts_private"] and mount_private_proc()
             user = os.fork()
             if user == 0:
-                sys.exit(run_user_code(cfg, report, outer))
+                sys.exit(run_user_code(cfg, report, outer, root, allow))
             wait_and_report(user, report)
             os._exit(0)  # pid 1 leaving kills whatever the code left running
-        sys.exit(run_user_code(cfg, report, outer))
+        if cfg["reads"] and cfg["mountns"] != "off":
+            root = {
+                "held": False,
+                "why": f"needs the pid namespace ({outer.get('why', 'namespaces are off')})",
+            }
+            if cfg["mountns"] == "require":
+                fatal(report, f"could not build the read-only root: {root['why']}")
+        sys.exit(run_user_code(cfg, report, outer, root, allow))
     report_copy = report if not outer["pidns"] else Reporter(-1)
     if outer["pidns"]:
         report.close()

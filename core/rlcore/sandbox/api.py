@@ -25,6 +25,12 @@ import attrs
 #: ``killed``: ended by a signal (a crash in native code, the kernel's OOM killer ...).
 STATUSES = ("ok", "error", "timeout", "memory", "killed")
 
+#: The isolation layers of the local sandbox, each held or missing per call
+#: (``SandboxResult.isolation["layers"]``); ``sandbox.require`` names those that must hold. What each
+#: one enforces is in ``docs/security.md``.
+LAYERS = ("netns", "pidns", "mountns", "landlock", "landlock-net", "landlock-scope", "cgroup", "user",
+          "seccomp")  # fmt: skip
+
 T = TypeVar("T")
 
 

@@ -2,9 +2,10 @@
 
 Per call: a scratch directory (the code's cwd, ``HOME`` and ``TMPDIR``; removed afterwards), a new
 session, a minimal environment, a pids cgroup where one can be made, and the child side
-(:mod:`rlcore.sandbox._child`) that applies namespaces, rlimits, Landlock and the audit-hook guard
-before the code runs. The wall-clock limit kills the whole process group, the pid namespace and the
-cgroup. Which layers held is in every result's ``isolation`` (``docs/agents.md``, "The sandbox").
+(:mod:`rlcore.sandbox._child`) that applies namespaces, a minimal read-only root, Landlock, an
+unprivileged user, rlimits, a seccomp filter and the audit-hook guard before the code runs. The
+wall-clock limit kills the whole process group, the pid namespace and the cgroup. Which layers held is
+in every result's ``isolation`` (``docs/security.md`` says what each one guarantees).
 """
 
 from __future__ import annotations
@@ -22,10 +23,14 @@ import weakref
 from pathlib import Path
 from typing import Any
 
-from rlcore.sandbox import cgroups
-from rlcore.sandbox.api import Sandbox, SandboxLimits, SandboxResult
+from rlcore.sandbox import cgroups, seccomp
+from rlcore.sandbox.api import LAYERS, Sandbox, SandboxLimits, SandboxResult
 
 MODES = ("auto", "require", "off")
+#: The user the code runs as when the caller is root, unless told otherwise.
+DEFAULT_USER = "nobody"
+_SECCOMP_FILTER, _SECCOMP_WHY = seccomp.filter_hex()
+_PIVOT_ROOT = seccomp.ARCHES.get(os.uname().machine, (0, {}, False))[1].get("pivot_root")
 _CHILD_SOURCE = (Path(__file__).parent / "_child.py").read_text()
 _READ_CHUNK = 64 * 1024
 
@@ -44,16 +49,22 @@ def _mode(name: str, value: Any) -> str:
 class LocalSandbox(Sandbox):
     """Runs each call in a child interpreter under ``limits``.
 
-    ``namespaces``, ``landlock`` and ``cgroup`` are each ``"auto"`` (use when the kernel allows it),
-    ``"require"`` (a call fails with status ``error`` when it does not) or ``"off"``. ``guard`` installs
-    an audit hook in the child that refuses what no kernel layer covers (see :mod:`rlcore.sandbox._child`).
-    ``python`` is the interpreter (default: this one); ``site_packages`` lets the code import its
-    installed packages (numpy, sympy ...), otherwise only the standard library. ``max_concurrency``
-    bounds the calls running at once per event loop (default: twice the CPU count).
+    ``namespaces``, ``mountns``, ``landlock``, ``cgroup`` and ``seccomp`` are each ``"auto"`` (use
+    when the kernel allows it), ``"require"`` (a call fails with status ``error`` when it does not) or
+    ``"off"``; ``require`` lists layers of :data:`LAYERS` that must hold, the same way. ``guard``
+    installs an audit hook in the child that refuses what no kernel layer covers (see
+    :mod:`rlcore.sandbox._child`). ``python`` is the interpreter (default: this one); ``site_packages``
+    lets the code import its installed packages (numpy, sympy ...), otherwise only the standard
+    library. ``max_concurrency`` bounds the calls running at once per event loop (default: twice the
+    CPU count).
 
-    ``user`` (a name or uid; the caller must be root) runs the code as that user instead of the
-    caller's: file permissions then protect what the caller owns and ``RLIMIT_NPROC`` applies (the
-    kernel exempts root from it). The interpreter must be readable by that user.
+    Reads: the code may read its scratch directory, the interpreter it runs on (and its site-packages
+    with ``site_packages``), the system's shared libraries, a few devices and its own ``/proc`` entry,
+    plus ``read_paths``; ``reads=False`` lifts this (the layer set before reads were restricted).
+
+    ``user`` (a name or a uid, default ``nobody``; ``None`` keeps root) is the user the code runs as
+    when the caller is root: the child drops to it before the code starts. A caller that is not root
+    is unprivileged already and keeps its uid. Either way the code has no capabilities.
     """
 
     name = "local"
@@ -65,22 +76,38 @@ class LocalSandbox(Sandbox):
         namespaces: str | bool | None = "auto",
         landlock: str | bool | None = "auto",
         cgroup: str | bool | None = "auto",
+        mountns: str | bool | None = "auto",
+        seccomp: str | bool | None = "auto",
         guard: bool = True,
         python: str | None = None,
         site_packages: bool = False,
         max_concurrency: int | None = None,
         scratch_root: str | None = None,
-        user: str | int | None = None,
+        user: str | int | None = DEFAULT_USER,
+        reads: bool = True,
+        read_paths: list[str] | tuple[str, ...] = (),
+        require: list[str] | tuple[str, ...] = (),
     ):
         super().__init__(limits=limits)
         self.namespaces = _mode("namespaces", namespaces)
         self.landlock = _mode("landlock", landlock)
         self.cgroup = _mode("cgroup", cgroup)
+        self.mountns = _mode("mountns", mountns)
+        self.seccomp = _mode("seccomp", seccomp)
+        unknown = sorted(set(require) - set(LAYERS))
+        if unknown:
+            raise ValueError(
+                f"LocalSandbox require={list(require)!r}: unknown layer(s) {unknown}; use {', '.join(LAYERS)}"
+            )
+        self.require = list(require)
+        self.reads = bool(reads)
+        self.read_paths = [os.path.abspath(p) for p in read_paths]
         self.guard = bool(guard)
         self.python = python or sys.executable
         self.site_packages = bool(site_packages)
         self.max_concurrency = max_concurrency or 2 * (os.cpu_count() or 1)
         self.scratch_root = scratch_root
+        # None where the code keeps the caller's uid (not root, or told to stay root).
         self.user = _user_ids(user) if user is not None else None
         self._semaphores: weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, asyncio.Semaphore] = (
             weakref.WeakKeyDictionary()
@@ -88,8 +115,9 @@ class LocalSandbox(Sandbox):
 
     def __repr__(self) -> str:
         return (
-            f"LocalSandbox(namespaces={self.namespaces!r}, landlock={self.landlock!r}, "
-            f"cgroup={self.cgroup!r}, guard={self.guard}, limits={self.limits})"
+            f"LocalSandbox(namespaces={self.namespaces!r}, mountns={self.mountns!r}, "
+            f"landlock={self.landlock!r}, cgroup={self.cgroup!r}, seccomp={self.seccomp!r}, "
+            f"user={self.user!r}, reads={self.reads}, guard={self.guard}, limits={self.limits})"
         )
 
     def isolation(self) -> dict[str, Any]:
@@ -117,17 +145,15 @@ class LocalSandbox(Sandbox):
         scratch.mkdir(mode=0o700)
         # Text from a model may hold lone surrogates: they become "?" rather than an exception.
         (scratch / "main.py").write_text(code, encoding="utf-8", errors="replace")
+        (workdir / "root").mkdir()  # where the child mounts the read-only root it pivots into
         if self.user is not None:
-            for path in (workdir, scratch, scratch / "main.py"):
+            for path in (scratch, scratch / "main.py"):
                 os.chown(path, *self.user)
-        group = cgroups.create(limits.max_processes, owner=self.user) if self.cgroup != "off" else None
+        group = cgroups.create(limits.max_processes) if self.cgroup != "off" else None
         if group is None and self.cgroup == "require":
             _rmtree(workdir)
             return SandboxResult(
-                status="error",
-                message="cgroup='require' but no pids cgroup can be created here (needs root or a "
-                "delegated cgroup v2 subtree with the pids controller)",
-                wall_s=time.monotonic() - start,
+                status="error", message=f"cgroup='require' but {_NO_CGROUP}", wall_s=time.monotonic() - start
             )
         report_r, report_w = os.pipe()
         proc: asyncio.subprocess.Process | None = None
@@ -145,9 +171,21 @@ class LocalSandbox(Sandbox):
                     "max_open_files": limits.max_open_files,
                 },
                 "namespaces": self.namespaces,
+                "mountns": self.mountns,
+                "root_dir": str(workdir / "root"),
+                "pivot_root_nr": _PIVOT_ROOT,
                 "landlock": self.landlock,
+                "reads": self.reads,
+                "read_paths": self.read_paths,
                 "cgroup": str(group) if group else None,
                 "cgroup_mode": self.cgroup,
+                "cgroup_why": "cgroup is off" if self.cgroup == "off" else _NO_CGROUP,
+                "seccomp": self.seccomp,
+                "seccomp_filter": _SECCOMP_FILTER,
+                "seccomp_why": _SECCOMP_WHY,
+                "user": list(self.user) if self.user else None,
+                "user_mode": "require" if "user" in self.require else "auto",
+                "require": self.require,
                 "guard": self.guard,
             }
             # -I: no user site, no PYTHON* variables, no cwd on sys.path; -S: no site-packages at all.
@@ -166,11 +204,6 @@ class LocalSandbox(Sandbox):
                     env=_environment(scratch),
                     start_new_session=True,
                     pass_fds=(report_w,),
-                    **(
-                        {"user": self.user[0], "group": self.user[1], "extra_groups": []}
-                        if self.user is not None
-                        else {}
-                    ),
                 )
             except OSError as exc:
                 return SandboxResult(
@@ -221,19 +254,32 @@ class LocalSandbox(Sandbox):
         )
 
 
-def _user_ids(user: str | int) -> tuple[int, int]:
-    """``(uid, gid)`` of ``user`` (a name or a uid)."""
+_NO_CGROUP = (
+    "no pids cgroup can be created here (needs root or a delegated cgroup v2 subtree with the pids "
+    "controller)"
+)
+
+
+def _user_ids(user: str | int) -> tuple[int, int] | None:
+    """``(uid, gid)`` of ``user`` (a name, a uid, or a uid's digits), or ``None`` when this process is
+    not root (it cannot change users, and is unprivileged already)."""
     import pwd
 
+    if isinstance(user, str) and user.isdigit():
+        user = int(user)
     try:
         entry = pwd.getpwuid(user) if isinstance(user, int) else pwd.getpwnam(user)
+        ids = entry.pw_uid, entry.pw_gid
     except KeyError:
-        raise ValueError(f"LocalSandbox user={user!r}: no such user on this machine") from None
-    if os.geteuid() != 0:
-        raise ValueError(
-            f"LocalSandbox user={user!r} needs a root caller (this process runs as uid {os.geteuid()})"
-        )
-    return entry.pw_uid, entry.pw_gid
+        if isinstance(user, int):
+            ids = user, user  # a uid without a passwd entry (a minimal container) is fine
+        elif user == DEFAULT_USER:
+            ids = 65534, 65534  # the kernel's overflow uid: what nobody is everywhere
+        else:
+            raise ValueError(f"LocalSandbox user={user!r}: no such user on this machine") from None
+    if ids[0] == 0:
+        raise ValueError(f"LocalSandbox user={user!r} is root: use user=None to keep root (not advised)")
+    return ids if os.geteuid() == 0 else None
 
 
 def _environment(scratch: Path) -> dict[str, str]:
@@ -325,6 +371,7 @@ def _isolation(report: dict[str, Any]) -> dict[str, Any]:
     landlock = user.get("landlock", {})
     guard = set(user.get("guard", []))
     abi = landlock.get("abi", 0)
+    layers = user.get("layers", {})
 
     def pick(*layers: tuple[str, bool]) -> list[str]:
         return [name for name, held in layers if held] or ["none"]
@@ -336,6 +383,15 @@ def _isolation(report: dict[str, Any]) -> dict[str, Any]:
             ("guard", "network" in guard),
         ),
         "filesystem": pick(("landlock", abi >= 1), ("guard", "files" in guard)),
+        "reads": pick(
+            ("mountns", layers.get("mountns", {}).get("held", False)),
+            ("landlock", landlock.get("reads", False)),
+            ("guard", "reads" in guard),
+        ),
+        "privileges": pick(
+            ("user", layers.get("user", {}).get("held", False)),
+            ("seccomp", layers.get("seccomp", {}).get("held", False)),
+        ),
         "processes": pick(
             ("cgroup-pids", outer.get("cgroup", False)),
             ("rlimit-nproc", user.get("nproc") is not None),
@@ -349,7 +405,10 @@ def _isolation(report: dict[str, Any]) -> dict[str, Any]:
         "cleanup": ["pid-namespace", "process-group"] if outer.get("pidns") else ["process-group"],
         "private_proc": bool(user.get("proc", False)),
         "landlock_abi": abi,
+        "uid": user.get("uid"),
         "guard": sorted(guard),
+        # Each layer of LAYERS: {"held": bool, "why": why not, or ""}.
+        "layers": layers,
     }
 
 

@@ -30,6 +30,7 @@ def check_run(config: Any) -> None:
         *_reward_model_problems(config),
         *_placement_problems(config),
         *_transport_problems(config),
+        *config.sandbox.missing_layers(),  # sandbox.require: layers that must hold here
     ]
     if problems:
         raise invalid_config(problems)

@@ -1,13 +1,15 @@
 """Acceptance: hostile code is contained and reported, and the next call still works.
 
-Each case runs under two configurations of the local sandbox:
+Each case runs under three configurations of the local sandbox:
 
-- ``kernel``: the kernel's layers only (network and pid namespaces, Landlock, a pids cgroup), each
-  required, and the in-process guard off, so a pass shows the kernel layer holding;
-- ``guard``: every kernel layer off and the audit-hook guard on (the fallback where namespaces,
-  Landlock and cgroups are not permitted), so a pass shows the guard holding;
-- ``unprivileged``: the code runs as ``nobody`` (the path of a trainer that is not root): namespaces
-  inside a new user namespace, Landlock, ``RLIMIT_NPROC`` instead of a cgroup, no guard.
+- ``kernel``: the kernel's layers only (network, pid and mount namespaces with the read-only root,
+  Landlock, a pids cgroup, the seccomp filter), each required, the code dropped to ``nobody`` by a
+  root caller, and the in-process guard off, so a pass shows the kernel layers holding;
+- ``guard``: every kernel layer off, root kept, and the audit-hook guard on (the fallback where
+  namespaces, Landlock and cgroups are not permitted), so a pass shows the guard holding;
+- ``unprivileged``: the sandbox is called from a process running as ``nobody`` (the path of a trainer
+  that is not root): namespaces inside a new user namespace, the read-only root, Landlock,
+  ``RLIMIT_NPROC`` instead of a cgroup, seccomp, no guard.
 
 This machine (root in a container, Linux 6.18, Landlock ABI 7, cgroup v1 pids hierarchy writable,
 unprivileged user namespaces allowed) has every kernel layer; a machine without one fails the
@@ -30,32 +32,25 @@ from rlcore.sandbox.local import LocalSandbox
 
 LIMITS = SandboxLimits(wall_s=3, cpu_s=2, memory_mib=512, max_processes=8)
 
-
-def interpreter_for_others() -> str:
-    """A Python of this version that another user can run (this venv's may live under /root)."""
-    for candidate in (sys.executable, f"/usr/bin/python{sys.version_info.major}.{sys.version_info.minor}"):
-        real = Path(candidate).resolve()
-        if real.exists() and all(os.stat(p).st_mode & 0o001 for p in [real.parent, *real.parents]):
-            return str(real)
-    raise AssertionError("no Python interpreter that user 'nobody' may run: the unprivileged cases need one")
-
-
+_KERNEL = {"namespaces": "require", "mountns": "require", "landlock": "require", "seccomp": "require"}
 CONFIGS = {
-    "kernel": {"namespaces": "require", "landlock": "require", "cgroup": "require", "guard": False},
-    "guard": {"namespaces": "off", "landlock": "off", "cgroup": "off", "guard": True},
-    "unprivileged": {"namespaces": "require", "landlock": "require", "cgroup": "off", "guard": False},
-}
+    "kernel": {**_KERNEL, "cgroup": "require", "guard": False, "require": ["user"]},
+    "guard": {"namespaces": "off", "mountns": "off", "landlock": "off", "cgroup": "off", "seccomp": "off",
+              "guard": True, "user": None},
+    "unprivileged": {**_KERNEL, "cgroup": "off", "guard": False, "require": ["user"]},
+}  # fmt: skip
 
 
 @pytest.fixture(params=sorted(CONFIGS))
-def sandbox(request) -> LocalSandbox:
+def sandbox(request, unprivileged_caller):
     options = dict(CONFIGS[request.param])
-    if request.param == "unprivileged":
-        options.update(user="nobody", python=interpreter_for_others())
-    # Under /tmp, which the unprivileged user may traverse (pytest's tmp_path is root's alone).
+    # Under /tmp, which the unprivileged caller may traverse (pytest's tmp_path is root's alone).
     root = Path(tempfile.mkdtemp(prefix="rlcore-sandbox-test-"))
-    root.chmod(0o755)
-    box = LocalSandbox(limits=LIMITS, scratch_root=str(root), **options)
+    root.chmod(0o777 if request.param == "unprivileged" else 0o755)
+    if request.param == "unprivileged":
+        box = unprivileged_caller(LIMITS, scratch_root=str(root), **options)
+    else:
+        box = LocalSandbox(limits=LIMITS, scratch_root=str(root), **options)
     box.config_name = request.param
     yield box
     assert list(root.iterdir()) == [], "a scratch directory was left behind"
@@ -75,14 +70,17 @@ def test_the_layers_each_configuration_claims(sandbox):
     if sandbox.config_name in ("kernel", "unprivileged"):
         assert isolation["network"] == ["netns", "landlock-tcp"]
         assert isolation["filesystem"] == ["landlock"]
+        assert isolation["reads"] == ["mountns", "landlock"]
+        assert isolation["privileges"] == ["user", "seccomp"] and isolation["uid"] == 65534
         expected = "cgroup-pids" if sandbox.config_name == "kernel" else "rlimit-nproc"
         assert isolation["processes"] == [expected]
         assert isolation["signals"] == ["pid-namespace", "landlock-scope"]
         assert isolation["cleanup"] == ["pid-namespace", "process-group"]
         assert isolation["private_proc"] and isolation["guard"] == []
     else:
-        for kind in ("network", "filesystem", "processes", "signals"):
+        for kind in ("network", "filesystem", "reads", "processes", "signals"):
             assert isolation[kind] == ["guard"], (kind, isolation)
+        assert isolation["privileges"] == ["none"] and isolation["uid"] == 0
         assert isolation["cleanup"] == ["process-group"]
 
 
@@ -216,7 +214,9 @@ def test_write_outside_the_scratch_directory(sandbox, tmp_path: Path):
     for name, code in attempts.items():
         result = sandbox.run_sync(code)
         assert result.status == "error", (name, result)
-        assert "PermissionError" in result.stderr, (name, result.stderr)
+        # Refused (Landlock, the guard), or not there at all or read-only (the read-only root).
+        refusals = ("PermissionError", "FileNotFoundError", "Read-only file system")
+        assert any(word in result.stderr for word in refusals), (name, result)
     assert sorted(p.name for p in outside.iterdir()) == ["keep.txt"]
     assert keep.read_text() == "original"
     assert not (tmp_path / "escaped.txt").exists()
