@@ -139,3 +139,17 @@ def test_vllm_gpu_dry_run_on_cpu_then_side_by_side(tmp_path):
     assert done.returncode == 0, done.stderr[-3000:]
     assert "rollout-sglang-over-vllm-b2-h100 | 1.00 |" in done.stdout
     assert json.loads(table.read_text())["weight_sync"]["smoke"]["sglang_over_vllm"] == 1.0
+
+
+def test_sandbox_overhead_times_both_layer_sets(tmp_path):
+    out = tmp_path / "sandbox.json"
+    cmd = [sys.executable, "benchmarks/sandbox_overhead.py", "--calls", "3", "--json", str(out)]
+    done = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stderr[-3000:]
+    results = json.loads(out.read_text())["results"]
+    assert set(results) == {"before", "after"}
+    for row in results.values():
+        assert row["calls"] == 3 and row["median_ms"] > 0
+    # The new defaults hold the read and privilege layers the old set lacked.
+    assert {"landlock", "mountns", "seccomp", "user"} <= set(results["after"]["layers_held"])
+    assert not {"mountns", "seccomp", "user"} & set(results["before"]["layers_held"])
