@@ -36,7 +36,7 @@ import time
 from pathlib import Path
 
 import torch
-from rlcore import logits as head
+from rlcore.kernels import logits as head
 from rlcore.devices import get_platform
 
 VARIANTS = ("eager", "compiled-dynamic", "compiled-in-place", "compiled")

@@ -366,7 +366,7 @@ def _graph_breaks_with_a_traceable_kernel(run):
     what it returned."""
     import torch
     import torch.nn.functional as F
-    from rlcore import varlen_attention as va
+    from rlcore.kernels import varlen_attention as va
     from torch._dynamo.utils import counters
 
     def dense(q, k, v, cu, max_len, scale):
