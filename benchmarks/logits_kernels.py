@@ -36,8 +36,8 @@ import time
 from pathlib import Path
 
 import torch
-from rlcore.kernels import logits as head
 from rlcore.devices import get_platform
+from rlcore.kernels import logits as head
 
 VARIANTS = ("eager", "compiled-dynamic", "compiled-in-place", "compiled")
 
