@@ -70,9 +70,9 @@ def check_names(config: Any, keys: tuple[str, ...] | None = None) -> list[str]:
     errors = []
     for key in keys or tuple(NAMED_KEYS):
         value = _value(config, key)
-        if isinstance(value, list | tuple):
-            found = (name_error(key, item, f"{key}[{i}]") for i, item in enumerate(value))
-        else:
-            found = iter([name_error(key, value)])
-        errors += [error for error in found if error is not None]
+        entries = enumerate(value) if isinstance(value, list | tuple) else [(None, value)]
+        for i, item in entries:
+            error = name_error(key, item, key if i is None else f"{key}[{i}]")
+            if error is not None:
+                errors.append(error)
     return errors

@@ -323,7 +323,9 @@ def draw(units: Mapping[str, Iterable[str]], path: Path) -> None:
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument(
-        "packages", nargs="*", help="packages to read (default: rlcore and the rlcore_* plugins)"
+        "packages",
+        nargs="*",
+        help="plugin packages to read beside rlcore (default: every installed plugin's)",
     )
     parser.add_argument("--png", type=Path, help="draw the folder graph to this PNG")
     args = parser.parse_args(argv)
@@ -343,9 +345,12 @@ def main(argv: list[str] | None = None) -> int:
 
 
 def _installed_plugins() -> list[str]:
-    """The first-party plugin packages importable here (``rlcore_fsdp`` ...)."""
-    names = ["rlcore_fsdp", "rlcore_megatron", "rlcore_vllm", "rlcore_sglang", "rlcore_rocm", "rlcore_ascend"]
-    return [n for n in names if importlib.util.find_spec(n) is not None]
+    """The top-level packages of the installed ``rlcore`` entry points (``rlcore_fsdp`` ..., and any third
+    party's), read from the entry points rather than listed, so a new plugin is checked without an edit."""
+    import importlib.metadata as md
+
+    tops = {ep.value.partition(":")[0].split(".")[0] for ep in md.entry_points(group="rlcore")}
+    return sorted(n for n in tops if n != "rlcore" and importlib.util.find_spec(n) is not None)
 
 
 if __name__ == "__main__":
