@@ -18,6 +18,12 @@ class Algorithm(abc.ABC):
     :meth:`step` receives ``ctx``, the controller's view of the run: role handles
     (``ctx.actor``, ``ctx.rollout``, ``ctx.critic``, ``ctx.reference``), the reward scorer, the
     config, and the helpers every algorithm shares (generation, weight sync, metrics).
+
+    The overlapping training modes (``trainer.mode: one_step_off | async``) need the step in two halves:
+    ``collect(ctx, prompts) -> Batch`` (generation and scoring: the rollout and the reward only) and
+    ``learn(ctx, batch) -> metrics`` (the rest but the weight sync, which the trainer then runs). An
+    algorithm that defines both runs in every mode (the built-in flows, :class:`rlcore.flows.base.Flow`,
+    do); one with only :meth:`step` runs synchronously.
     """
 
     roles: ClassVar[tuple[str, ...]] = ()

@@ -45,6 +45,10 @@ class Completion:
     appended them, and ``response_mask[i]`` is 1 where ``token_ids[i]`` was sampled by the model and 0
     on observation tokens (whose ``log_probs`` entries are 0.0 placeholders). ``None``: every token was
     sampled (a single-turn completion). ``info`` carries per-episode facts (turns, tool calls ...).
+
+    ``versions[i]`` is the policy version (the trainer's count of weight syncs) whose weights sampled
+    ``token_ids[i]``. Engines leave it ``None``: the controller stamps it, and a response continued
+    across a weight update (a partial rollout, :mod:`rlcore.rollout.partial`) holds several versions.
     """
 
     prompt_ids: list[int]
@@ -54,6 +58,7 @@ class Completion:
     text: str = ""
     response_mask: list[int] | None = None
     info: dict[str, Any] | None = None
+    versions: list[int] | None = None
 
 
 @attrs.define

@@ -220,6 +220,19 @@ class AlgorithmConfig:
     kl_penalty: str | None = None
     #: Coefficient control of the in-reward KL penalty.
     kl_ctrl: KLControlConfig = attrs.Factory(KLControlConfig)
+    #: Off-policy correction of samples the rollout drew under older weights (docs/async.md):
+    #: ``none``; ``behaviour`` (PPO's ratio centred on the rollout's own log-probs, no old-log-prob pass);
+    #: ``decoupled`` (AReaL's decoupled PPO: the ratio centred on the actor's weights before the update,
+    #: times ``pi_prox / pi_behav``, tokens above ``is_cap`` dropped); ``tis`` (truncated importance
+    #: sampling, verl's ``rollout_is``: that weight capped at ``is_cap``). ``auto``: ``tis`` when samples can
+    #: be stale (``trainer.mode`` ``one_step_off``, or ``async`` with ``max_staleness`` > 0), else ``none``.
+    off_policy: str = attrs.field(
+        default="auto", validator=_one_of("auto", "none", "behaviour", "decoupled", "tis")
+    )
+    #: The importance-weight cap of ``tis`` (truncation) and ``decoupled`` (drop); ``None``: no cap.
+    is_cap: float | None = 2.0
+    #: ``token``: one importance weight per token; ``sequence``: the product over the response (``tis``).
+    is_level: str = attrs.field(default="token", validator=_one_of("token", "sequence"))
 
 
 @attrs.define(kw_only=True)
@@ -292,6 +305,24 @@ class TrainerConfig:
     #: engine: its weights are loaded in memory, without a transport or a trip through the driver;
     #: ``rollout.num_engines`` at most ``actor.world_size``, ``rollout.tensor_parallel_size`` 1).
     placement: str = attrs.field(default="colocated", validator=_one_of("colocated", "split", "hybrid"))
+    #: ``sync``: each step generates, then trains, then syncs weights. ``one_step_off``: the rollout
+    #: generates the next step's batch with the previous weights while the actor trains on this one
+    #: (``max_staleness`` 1). ``async``: the rollout generates ahead of the trainer by up to
+    #: ``max_staleness`` policy versions, and with ``partial_rollout`` responses continue across weight
+    #: updates. Both overlapping modes need the rollout on devices of its own (``placement: split``) where
+    #: devices have memory apart from the host's (docs/async.md).
+    mode: str = attrs.field(default="sync", validator=_one_of("sync", "one_step_off", "async"))
+    #: ``async``: how many policy versions a trained sample may lag the weights being updated (0: on-policy,
+    #: the synchronous run's samples); generation waits rather than break the bound.
+    max_staleness: int = attrs.field(default=1, validator=_non_negative)
+    #: ``async``: generate in chunks of ``rollout_chunk_tokens`` and let a weight update land between
+    #: chunks: responses in flight continue under the new weights (each token records its version).
+    partial_rollout: bool = False
+    #: ``async`` with ``partial_rollout``: tokens per response per generate call.
+    rollout_chunk_tokens: int = attrs.field(default=256, validator=_positive)
+    #: Overlapping modes: seconds the trainer waits for a generated batch before it stops the run with an
+    #: error naming the rollout (a live rollout that is only slow: raise it).
+    rollout_wait_timeout_s: float = 1800.0
     #: Colocated or hybrid placement: also move the train roles' weights and optimizer state off the devices while
     #: the rollout generates (room for a larger KV cache, at the cost of a copy each way every step).
     release_train_in_rollout: bool = False

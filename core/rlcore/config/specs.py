@@ -138,3 +138,25 @@ def logprob_diff_threshold(config: Any) -> float | None:
             f"{', '.join(LOGPROB_DIFF_BY_DTYPE)}); set a number, or null to only report the gap"
         )
     return LOGPROB_DIFF_BY_DTYPE[dtype]
+
+
+def max_staleness(config: Any) -> int:
+    """How many policy versions a trained sample may lag: 0 in ``sync`` mode, 1 in ``one_step_off``,
+    ``trainer.max_staleness`` in ``async``."""
+    mode = config.trainer.mode
+    return {"sync": 0, "one_step_off": 1}.get(mode, config.trainer.max_staleness)
+
+
+def off_policy_correction(config: Any) -> str:
+    """``algorithm.off_policy`` with ``auto`` resolved: ``tis`` when samples can be stale, else ``none``."""
+    chosen = config.algorithm.off_policy
+    if chosen != "auto":
+        return chosen
+    return "tis" if max_staleness(config) > 0 else "none"
+
+
+def rollout_chunk_tokens(config: Any) -> int | None:
+    """Tokens per response per generate call when responses continue across weight updates (``async``
+    mode with ``trainer.partial_rollout``), else ``None``: every response in one call."""
+    t = config.trainer
+    return t.rollout_chunk_tokens if t.mode == "async" and t.partial_rollout else None

@@ -5,16 +5,29 @@ from __future__ import annotations
 from typing import Any
 
 from rlcore.algorithms.losses import ActorLoss
-from rlcore.api import Algorithm
+from rlcore.api import Algorithm, Batch
 
 
 class Flow(Algorithm):
     """An :class:`~rlcore.api.Algorithm` that keeps the run's ``preset`` and trains the actor with
-    ``actor_loss``, the preset's policy loss. A subclass writes only ``step`` (and extends
-    ``__init__`` for anything else it builds, calling this one first)."""
+    ``actor_loss``, the preset's policy loss.
+
+    A subclass writes its step in two halves, :meth:`collect` (what needs the rollout and the reward:
+    generate, score) and :meth:`learn` (what needs the train roles), and extends ``__init__`` for anything
+    else it builds, calling this one first. :meth:`step` runs them in turn and syncs the weights; the
+    overlapping training modes run ``collect`` ahead, on another thread (:mod:`rlcore.trainer.overlap`).
+    """
 
     def __init__(self, preset: Any, config: Any):
         self.preset = preset
         # seq-mean-token-sum-norm divides by a constant: the longest response, so that micro-batches
         # padded to different widths share one scale.
         self.actor_loss = ActorLoss.from_preset(preset, loss_scale_factor=config.rollout.max_response_length)
+
+    def step(self, ctx: Any, prompts: Batch) -> dict[str, float]:
+        from rlcore.flows.phases import sync_weights
+
+        batch = self.collect(ctx, prompts)
+        metrics = self.learn(ctx, batch)
+        sync_weights(ctx)
+        return metrics

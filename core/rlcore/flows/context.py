@@ -141,16 +141,30 @@ class StepContext:
     step: int = 0
     timer: PhaseTimer = attrs.Factory(PhaseTimer)
     metrics: dict[str, float] = attrs.Factory(dict)
+    #: the policy version the actor's weights are at (weight syncs so far); samples whose
+    #: ``policy_version`` is older are stale (:func:`rlcore.flows.phases.correct_off_policy`)
+    version: int = 0
+    #: where each phase is recorded as an interval (:class:`rlcore.telemetry.timeline.Timeline`)
+    timeline: Any = None
+    #: what this step's actor update trained on (:func:`rlcore.telemetry.samples.trained_rows`)
+    trained: dict[str, list] | None = None
     _counter: int = 0
 
     # -- per step --------------------------------------------------------------------------------
     def begin_step(self, step: int) -> None:
         """Reset timings, metrics and the seed/uid counters for step ``step``."""
         self.step, self.timer, self.metrics, self._counter = step, PhaseTimer(), {}, 0
+        self.trained = None
 
-    def phase(self, name: str) -> contextlib.AbstractContextManager[None]:
-        """``with ctx.phase("generate"):`` times the block as ``timing/generate``."""
-        return self.timer(name)
+    @contextlib.contextmanager
+    def phase(self, name: str) -> Iterator[None]:
+        """``with ctx.phase("generate"):`` times the block as ``timing/generate`` (and records it on the
+        timeline)."""
+        start = time.perf_counter()
+        with self.timer(name):
+            yield
+        if self.timeline is not None:
+            self.timeline.record(name, start, time.perf_counter(), self.step, self.version)
 
     def record(self, metrics: dict[str, float]) -> None:
         """Add metrics to this step's record."""
@@ -166,6 +180,22 @@ class StepContext:
             yield self.metrics
         finally:
             self.timer, self.metrics = saved
+
+    def fork(self, **changes: Any) -> StepContext:
+        """A context over the same roles with its own step, timings, metrics and counters: the one the
+        generating thread of an overlapping run steps through."""
+        return attrs.evolve(self, timer=PhaseTimer(), metrics={}, **changes)
+
+    @property
+    def counter(self) -> int:
+        """Seeds and group ids drawn this step (a step continued in another context resumes from it)."""
+        return self._counter
+
+    def continue_step(self, step: int, counter: int) -> None:
+        """:meth:`begin_step`, then draw seeds after the ``counter`` another context drew for this step
+        (its generation): the step's seeds are then those of a step run in one context."""
+        self.begin_step(step)
+        self._counter = counter
 
     def _next(self) -> int:
         self._counter += 1

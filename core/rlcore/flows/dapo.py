@@ -22,10 +22,10 @@ from rlcore.flows.phases import (
     compute_advantages,
     compute_old_log_probs,
     compute_ref_log_probs,
+    correct_off_policy,
     generate,
     needs_old_log_probs,
     score,
-    sync_weights,
     update_actor,
 )
 from rlcore.telemetry.metrics import batch_metrics
@@ -112,16 +112,17 @@ class DAPO(Flow):
         ctx.record({"dynamic_sampling/refills": sampler.num_gen_batches - 1})
         return sampler.take()
 
-    def step(self, ctx: StepContext, prompts: Batch) -> dict[str, float]:
+    def collect(self, ctx: StepContext, prompts: Batch) -> Batch:
         if self.preset.filter_groups.enable:
-            batch = self.dynamic_sample(ctx, prompts)
-        else:
-            batch = self.generate_and_score(ctx, prompts)
+            return self.dynamic_sample(ctx, prompts)
+        return self.generate_and_score(ctx, prompts)
+
+    def learn(self, ctx: StepContext, batch: Batch) -> dict[str, float]:
         if needs_old_log_probs(ctx, batch):
             batch = compute_old_log_probs(ctx, batch)
+        batch = correct_off_policy(ctx, batch)
         if ctx.reference is not None:
             batch = compute_ref_log_probs(ctx, batch)
         batch = compute_advantages(ctx, batch)
         update_actor(ctx, batch, self.actor_loss)
-        sync_weights(ctx)
         return batch_metrics(batch, ctx.config.rollout.max_response_length)

@@ -16,10 +16,10 @@ from rlcore.flows.phases import (
     compute_advantages,
     compute_old_log_probs,
     compute_ref_log_probs,
+    correct_off_policy,
     generate,
     needs_old_log_probs,
     score,
-    sync_weights,
     update_actor,
 )
 from rlcore.telemetry.metrics import batch_metrics
@@ -31,16 +31,18 @@ class GRPO(Flow):
 
     preset_name: ClassVar[str] = "grpo"
 
-    def step(self, ctx: StepContext, prompts: Batch) -> dict[str, float]:
+    def collect(self, ctx: StepContext, prompts: Batch) -> Batch:
         batch = generate(ctx, prompts)
-        batch = score(ctx, batch)
+        return score(ctx, batch)
+
+    def learn(self, ctx: StepContext, batch: Batch) -> dict[str, float]:
         if needs_old_log_probs(ctx, batch):
             batch = compute_old_log_probs(ctx, batch)
+        batch = correct_off_policy(ctx, batch)
         if ctx.reference is not None:
             batch = compute_ref_log_probs(ctx, batch)
         batch = compute_advantages(ctx, batch)
         update_actor(ctx, batch, self.actor_loss)
-        sync_weights(ctx)
         return batch_metrics(batch, ctx.config.rollout.max_response_length)
 
 

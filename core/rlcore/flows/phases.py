@@ -17,6 +17,9 @@ phase                    adds                                        roles
 ``score``                ``token_level_scores [B, R]``               reward provider (driver)
 ``compute_old_log_probs`` ``old_log_probs [B, R]`` (skipped when     actor
                          on-policy: :func:`needs_old_log_probs`)
+``correct_off_policy``   ``rollout_is_weights [B, R]`` (``decoupled``,  (driver)
+                         ``tis``) or ``old_log_probs`` :=
+                         ``rollout_log_probs`` (``behaviour``)
 ``compute_ref_log_probs`` ``ref_log_prob [B, R]``                    reference
 ``compute_values``       ``values [B, R]``                           critic
 ``compute_advantages``   ``token_level_rewards, advantages,          (driver)
@@ -34,7 +37,7 @@ import torch
 from rlcore.algorithms import compute_advantage
 from rlcore.algorithms.kl import apply_kl_penalty
 from rlcore.api import Batch
-from rlcore.config.specs import logprob_diff_threshold, rollout_dtype_name
+from rlcore.config.specs import logprob_diff_threshold, off_policy_correction, rollout_dtype_name
 from rlcore.flows.context import StepContext
 from rlcore.rollout.batching import completions_to_batch
 from rlcore.rollout.sync_check import compare_log_probs
@@ -158,7 +161,21 @@ def needs_old_log_probs(ctx: StepContext, batch: Batch) -> bool:
     """
     if ctx.config.actor.recompute_old_log_probs == "always" or ctx.preset.use_kl_in_reward:
         return True
+    correction = off_policy_correction(ctx.config)
+    if correction == "behaviour":
+        return False  # the ratio is centred on the rollout's own log-probs (correct_off_policy)
+    if correction != "none" or is_stale(ctx, batch):
+        return True  # the proximal policy: the actor's weights now, not those that sampled
     return not update_is_one_step(ctx, batch)
+
+
+def is_stale(ctx: StepContext, batch: Batch) -> bool:
+    """Whether any sample of ``batch`` was drawn under weights older than the actor's (``policy_version``
+    older than ``ctx.version``)."""
+    if "policy_version" not in batch:
+        return False
+    versions = batch["policy_version"][batch["response_mask"].bool()]
+    return bool(versions.numel()) and int(versions.min()) < ctx.version
 
 
 def compute_old_log_probs(ctx: StepContext, batch: Batch) -> Batch:
@@ -175,6 +192,44 @@ def compute_old_log_probs(ctx: StepContext, batch: Batch) -> Batch:
     if "rollout_log_probs" in batch and bool(batch["response_mask"].any()):
         diff = compare_log_probs(batch["rollout_log_probs"], out["log_probs"], batch["response_mask"])
         ctx.record({k.replace("sync/", "rollout/"): v for k, v in diff.items()})
+    return batch
+
+
+def correct_off_policy(ctx: StepContext, batch: Batch) -> Batch:
+    """The off-policy correction ``algorithm.off_policy`` chose (:mod:`rlcore.algorithms.off_policy`), and
+    the staleness of the batch's samples.
+
+    ``behaviour``: ``old_log_probs`` become the rollout's own (``rollout_log_probs``). ``decoupled``,
+    ``tis``: ``rollout_is_weights [B, R]`` from the proximal (``old_log_probs``) and behaviour log-probs.
+    Metrics: ``off_policy/is_*`` and, when the batch records ``policy_version``, ``off_policy/staleness_*``
+    (against ``ctx.version``, the weights being updated).
+    """
+    from rlcore.algorithms.off_policy import importance_weights, staleness_metrics
+
+    correction, algo = off_policy_correction(ctx.config), ctx.config.algorithm
+    mask = batch["response_mask"]
+    if "policy_version" in batch:
+        ctx.record(staleness_metrics(batch["policy_version"], mask, ctx.version))
+    if correction == "none":
+        return batch
+    if "rollout_log_probs" not in batch:
+        raise ValueError(
+            f"algorithm.off_policy={correction} needs the rollout's log-probs of the sampled tokens, and "
+            f"rollout engine {ctx.config.rollout.engine!r} returned none; set algorithm.off_policy=none"
+        )
+    if correction == "behaviour":
+        batch.tensors["old_log_probs"] = batch["rollout_log_probs"]
+        return batch
+    weights, metrics = importance_weights(
+        batch["old_log_probs"],
+        batch["rollout_log_probs"],
+        mask,
+        correction=correction,
+        cap=algo.is_cap,
+        level=algo.is_level,
+    )
+    batch.tensors["rollout_is_weights"] = weights
+    ctx.record(metrics)
     return batch
 
 
@@ -260,6 +315,9 @@ def update_actor(ctx: StepContext, batch: Batch, loss) -> dict[str, float]:
             f"make several optimizer steps over its {len(batch)} rows; run compute_old_log_probs first "
             "(needs_old_log_probs says when)"
         )
+    from rlcore.telemetry.samples import trained_rows
+
+    ctx.trained = trained_rows(batch)
     return _train(ctx, ctx.actor, batch, loss, ctx.config.actor.ppo_epochs, "update_actor")
 
 

@@ -17,10 +17,10 @@ from rlcore.flows.phases import (
     compute_old_log_probs,
     compute_ref_log_probs,
     compute_values,
+    correct_off_policy,
     generate,
     needs_old_log_probs,
     score,
-    sync_weights,
     update_actor,
     update_critic,
 )
@@ -37,11 +37,14 @@ class PPO(Flow):
         super().__init__(preset, config)
         self.critic_loss = CriticLoss.from_preset(preset, cliprange_value=config.critic.cliprange_value)
 
-    def step(self, ctx: StepContext, prompts: Batch) -> dict[str, float]:
+    def collect(self, ctx: StepContext, prompts: Batch) -> Batch:
         batch = generate(ctx, prompts)
-        batch = score(ctx, batch)
+        return score(ctx, batch)
+
+    def learn(self, ctx: StepContext, batch: Batch) -> dict[str, float]:
         if needs_old_log_probs(ctx, batch):
             batch = compute_old_log_probs(ctx, batch)
+        batch = correct_off_policy(ctx, batch)
         if ctx.reference is not None:
             batch = compute_ref_log_probs(ctx, batch)
         batch = compute_values(ctx, batch)
@@ -49,5 +52,4 @@ class PPO(Flow):
         # The critic learns from this batch's returns first; the actor's update does not read values.
         update_critic(ctx, batch, self.critic_loss)
         update_actor(ctx, batch, self.actor_loss)
-        sync_weights(ctx)
         return batch_metrics(batch, ctx.config.rollout.max_response_length)

@@ -17,10 +17,10 @@ from rlcore.flows.phases import (
     compute_advantages,
     compute_old_log_probs,
     compute_ref_log_probs,
+    correct_off_policy,
     generate,
     needs_old_log_probs,
     score,
-    sync_weights,
     update_actor,
 )
 from rlcore.telemetry.metrics import batch_metrics
@@ -38,19 +38,22 @@ class ReMax(Flow):
 
     preset_name: ClassVar[str] = "remax"
 
-    def step(self, ctx: StepContext, prompts: Batch) -> dict[str, float]:
+    def collect(self, ctx: StepContext, prompts: Batch) -> Batch:
         baselines = greedy_baselines(ctx, prompts)
         batch = generate(ctx, prompts)
         batch = score(ctx, batch)
         n = len(batch) // len(prompts)
         batch.tensors["reward_baselines"] = torch.tensor([b for b in baselines for _ in range(n)])
+        return batch
+
+    def learn(self, ctx: StepContext, batch: Batch) -> dict[str, float]:
         if needs_old_log_probs(ctx, batch):
             batch = compute_old_log_probs(ctx, batch)
+        batch = correct_off_policy(ctx, batch)
         if ctx.reference is not None:
             batch = compute_ref_log_probs(ctx, batch)
         batch = compute_advantages(ctx, batch)
         update_actor(ctx, batch, self.actor_loss)
-        sync_weights(ctx)
         metrics = batch_metrics(batch, ctx.config.rollout.max_response_length)
-        metrics["reward/greedy_baseline_mean"] = sum(baselines) / len(baselines)
+        metrics["reward/greedy_baseline_mean"] = float(batch["reward_baselines"].double().mean())
         return metrics

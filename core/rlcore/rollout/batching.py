@@ -32,7 +32,8 @@ def completions_to_batch(
     ``input_ids [B, P+R]``, ``attention_mask [B, P+R]`` (1 on real tokens), ``position_ids [B, P+R]``
     (``cumsum(attention_mask) - 1``, 0 on left padding, the last real position repeated on right
     padding), ``response_mask [B, R]`` (1 on response tokens, the final eos included), all int64; and
-    ``rollout_log_probs [B, R]`` float32 (0 on padding) when the completions carry log-probs.
+    ``rollout_log_probs [B, R]`` float32 (0 on padding) when the completions carry log-probs; and
+    ``policy_version [B, R]`` int64 (-1 on padding) when they carry ``versions``.
 
     A multi-turn completion (``Completion.response_mask`` set) keeps its mask: ``response_mask`` is 1 on
     model tokens and 0 on tool-observation tokens (and on padding), while ``attention_mask`` is 1 on
@@ -90,10 +91,26 @@ def completions_to_batch(
     }
     if log_probs is not None:
         tensors["rollout_log_probs"] = log_probs
+    if any(c.versions is not None for c in flat):
+        tensors["policy_version"] = _versions(flat, R)
     objects = {"response_text": [c.text for c in flat], "finish_reason": [c.finish_reason for c in flat]}
     if any(c.info is not None for c in flat):
         objects["agent_info"] = [dict(c.info or {}) for c in flat]
     return Batch(tensors, objects, {"pad_token_id": pad_token_id})
+
+
+def _versions(flat: list[Completion], width: int) -> torch.Tensor:
+    """``policy_version [B, R]`` int64: the version that sampled each response token, -1 on padding."""
+    out = torch.full((len(flat), width), -1, dtype=torch.long)
+    for i, c in enumerate(flat):
+        if c.versions is None or len(c.versions) != len(c.token_ids):
+            have = "none" if c.versions is None else f"{len(c.versions)}"
+            raise ValueError(
+                f"completions_to_batch: row {i} has {len(c.token_ids)} response tokens but {have} policy "
+                "versions; stamp every completion of a batch (rlcore.rollout.partial does)"
+            )
+        out[i, : len(c.versions)] = torch.as_tensor(c.versions, dtype=torch.long)
+    return out
 
 
 def _model_token_mask(completion: Completion, row: int) -> torch.Tensor:

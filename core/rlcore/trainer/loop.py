@@ -20,14 +20,19 @@ from typing import Any
 import attrs
 
 from rlcore.api import Batch
+from rlcore.config.specs import max_staleness, rollout_chunk_tokens
 from rlcore.flows import resolve_preset
 from rlcore.flows.context import MemoryPlan, StepContext
 from rlcore.flows.phases import generate, score, sync_weights
+from rlcore.rollout.partial import PolicyClock, VersionedRollout
 from rlcore.telemetry.loggers import MetricsLogger, build_loggers, check_logger_names
 from rlcore.telemetry.metrics import mean_by, throughput
+from rlcore.telemetry.samples import SAMPLES_FILE, TrainedSamples
+from rlcore.telemetry.timeline import TIMELINE_FILE, Timeline
 from rlcore.trainer import checkpoint as ckpt
 from rlcore.trainer.build import build_roles, load_tokenizer, seed_everything
 from rlcore.trainer.checkpoint import TRAINED_ROLES
+from rlcore.trainer.overlap import Produced, Producer
 
 logger = logging.getLogger(__name__)
 
@@ -126,6 +131,10 @@ class Trainer:
         self.resumed_from = self._checkpoint_to_resume()
         if self.resumed_from is not None:
             self._load(self.resumed_from)
+        self.ctx.version = self.step  # one weight sync per step: the policy version the actor is at
+        self.samples = TrainedSamples(self.run_dir / SAMPLES_FILE, keep_through=self.step)
+        self.ctx.timeline = Timeline(self.run_dir / TIMELINE_FILE, self._role_ranks())
+        self._overlap_setup()
         self.sinks = build_loggers(
             cfg.trainer.loggers,
             self.run_dir,
@@ -141,6 +150,40 @@ class Trainer:
         with self.ctx.detached() as first_sync:
             sync_weights(self.ctx)
         self._first_sync = dict(first_sync)
+
+    def _role_ranks(self) -> dict[str, int]:
+        ranks = {name: role.world_size for name, role in self.roles.items()}
+        return {**ranks, "rollout": self.ctx.rollout.num_engines}
+
+    def _overlap_setup(self) -> None:
+        """For ``trainer.mode`` ``one_step_off`` and ``async``: check the run can overlap, and put the
+        rollout behind the :class:`~rlcore.rollout.partial.PolicyClock` both threads share."""
+        cfg = self.config.trainer
+        self.clock: PolicyClock | None = None
+        self._loader_state = self.train_loader.state_dict()  # of the last trained batch
+        if cfg.mode == "sync":
+            return
+        name = self.config.algorithm.name
+        if not (
+            callable(getattr(self.algorithm, "collect", None))
+            and callable(getattr(self.algorithm, "learn", None))
+        ):
+            raise ValueError(
+                f"trainer.mode={cfg.mode} runs generation ahead of training, which needs the algorithm's step "
+                f"in two halves, collect(ctx, prompts) and learn(ctx, batch); algorithm {name!r} "
+                f"({type(self.algorithm).__module__}) defines only step. Set trainer.mode=sync, or add them "
+                "(docs/async.md)"
+            )
+        if self.ctx.memory.enabled:
+            raise ValueError(
+                f"trainer.mode={cfg.mode} generates while the actor trains, so the rollout needs devices of its "
+                f"own, but trainer.placement={cfg.placement} time-shares them. Set trainer.placement=split "
+                "(rollout.num_engines replicas on devices apart from the actor's; docs/async.md)"
+            )
+        self.clock = PolicyClock(self.step)
+        self.ctx.rollout = VersionedRollout(
+            self.ctx.rollout, self.clock, rollout_chunk_tokens(self.config), self.tokenizer
+        )
 
     def _rule_reward(self) -> Any:
         """The ``reward.provider``; ``None`` when the reward model's score replaces it. A bad reward-model
@@ -207,29 +250,82 @@ class Trainer:
             if self.sft_examples:
                 record.update(self.warm_up())
             self._log(0, record)
-        while self.step < stop:
-            self.train_step()
+        if self.clock is None:
+            while self.step < stop:
+                self.train_step()
+        else:
+            self._fit_overlapped(stop)
         return self.history
 
-    def train_step(self) -> dict[str, Any]:
-        """One step of the algorithm, then validation and a checkpoint when due."""
+    def _fit_overlapped(self, stop: int) -> None:
+        """Steps up to ``stop`` with the rollout thread generating ahead (:mod:`rlcore.trainer.overlap`)."""
+        producer = Producer(
+            self.algorithm,
+            self.ctx.fork(),
+            self.clock,
+            first=self.step + 1,
+            last=stop,
+            max_staleness=max_staleness(self.config),
+            next_prompts=self.next_prompts,
+            loader_state=self.train_loader.state_dict,
+        )
+        producer.start()
+        last = time.perf_counter()
+        try:
+            while self.step < stop:
+                start = time.perf_counter()
+                produced = producer.take(
+                    self.step + 1, self.config.trainer.rollout_wait_timeout_s, self.config.rollout.engine
+                )
+                self.train_step(produced, waited=time.perf_counter() - start, since=last)
+                last = time.perf_counter()
+        finally:
+            producer.stop()
+
+    def train_step(
+        self, produced: Produced | None = None, *, waited: float = 0.0, since: float | None = None
+    ) -> dict[str, Any]:
+        """One step of the algorithm, then validation and a checkpoint when due.
+
+        ``produced``: in the overlapping modes, the step's batch the rollout thread generated; the step
+        then runs the algorithm's ``learn`` on it and syncs the weights (``waited``: seconds the trainer
+        waited for it; ``since``: when the previous step ended, the start of this one's wall time).
+        """
         cfg = self.config.trainer
-        prompts = self.next_prompts()
-        self.step += 1
         ctx = self.ctx
-        ctx.begin_step(self.step)
+        if produced is None:
+            prompts = self.next_prompts()
+            self._loader_state = self.train_loader.state_dict()
+            self.step += 1
+            ctx.begin_step(self.step)
+        else:
+            self.step += 1
+            ctx.continue_step(self.step, produced.counter)
+            self._loader_state = produced.loader_state
+        ctx.version = self.step - 1
         ctx.memory.take_seconds()  # validation and the warm-up moved memory too: not this step's
         profiled = self._groups() if cfg.profile_step == self.step else []
         for group in profiled:
             group.call_all("profile_start")
-        start = time.perf_counter()
-        metrics = dict(self.algorithm.step(ctx, prompts))
+        start = time.perf_counter() if since is None else since
+        if produced is None:
+            metrics = dict(self.algorithm.step(ctx, prompts))
+        else:
+            ctx.record(produced.metrics)
+            metrics = dict(self.algorithm.learn(ctx, produced.batch))
+            with self.clock.syncing():
+                sync_weights(ctx)
+            self.clock.advance(self.step)
+            metrics["timing/wait_rollout"] = waited
         step_s = time.perf_counter() - start
+        ctx.version = self.step
         for group in profiled:
             group.call_all("profile_stop", str(self.run_dir / "profile" / f"step{self.step}"))
         metrics.update(ctx.metrics)
         metrics.update(ctx.timer.metrics())
         metrics["timing/step"] = step_s
+        if ctx.trained is not None:
+            self.samples.write(self.step, self.step - 1, ctx.trained)
         # Inside the phases' times (each phase moves memory as it starts): what colocation costs.
         metrics["timing/release_resume"] = ctx.memory.take_seconds()
         metrics.update(
@@ -339,7 +435,9 @@ class Trainer:
     def _state(self) -> dict[str, Any]:
         return {
             "step": self.step,
-            "train_loader": self.train_loader.state_dict(),
+            # The loader as it stood after the last trained batch's prompts: an overlapping run's rollout
+            # thread has drawn further, and a resumed run regenerates those batches.
+            "train_loader": self._loader_state,
             "rng": ckpt.rng_state(),
             "kl_coef": None if self.ctx.kl_ctrl is None else self.ctx.kl_ctrl.value,
             "history": [dict(r) for r in self.history],

@@ -27,6 +27,7 @@ import attrs
 
 from rlcore.telemetry.loggers import METRICS_FILE
 from rlcore.telemetry.plotting import PLOT_FILE, plot_curves
+from rlcore.telemetry.timeline import TIMELINE_FILE, TIMELINE_PLOT, plot_timeline, read_timeline
 
 CONFIG_FILE = "config.yaml"
 #: Folder of the run directory that built-in task files are written to.
@@ -43,6 +44,7 @@ class RunResult:
     run_dir: Path | None = None
     metrics_path: Path | None = None
     plot_path: Path | None = None
+    timeline_path: Path | None = None
     #: the newest checkpoint of the run, if any
     checkpoint: Path | None = None
     steps: int = 0
@@ -202,6 +204,12 @@ def _run(config: Any, console: Any, stack: contextlib.ExitStack, early_warnings:
     result.val_reward_start, result.val_reward_end = (vals[0], vals[-1]) if vals else (None, None)
     if result.history:
         result.plot_path = plot_curves(result.history, result.run_dir / PLOT_FILE, title=result.run_dir.name)
+    if (result.run_dir / TIMELINE_FILE).is_file():
+        result.timeline_path = plot_timeline(
+            read_timeline(result.run_dir / TIMELINE_FILE),
+            result.run_dir / TIMELINE_PLOT,
+            title=f"{result.run_dir.name}: trainer.mode={config.trainer.mode}",
+        )
     _summary(result, config, time.perf_counter() - began, console)
     return result
 
@@ -300,6 +308,8 @@ def _summary(result: RunResult, config: Any, seconds: float, console: Any) -> No
             lines.append("  validation reward: none (no data.val_files)")
         lines.append(f"  metrics:    {result.metrics_path or '(trainer.loggers has no jsonl)'}")
         lines.append(f"  curves:     {result.plot_path}")
+        if result.timeline_path is not None:
+            lines.append(f"  timeline:   {result.timeline_path}")
     if result.checkpoint is not None:
         lines.append(f"  checkpoint: {result.checkpoint}")
     for line in lines:
