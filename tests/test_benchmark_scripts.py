@@ -5,6 +5,7 @@ option, a changed batch layout, a renamed TRL setting), checking that every syst
 """
 
 import json
+import random
 import subprocess
 import sys
 from pathlib import Path
@@ -153,3 +154,69 @@ def test_sandbox_overhead_times_both_layer_sets(tmp_path):
     # The new defaults hold the read and privilege layers the old set lacked.
     assert {"landlock", "mountns", "seccomp", "user"} <= set(results["after"]["layers_held"])
     assert not {"mountns", "seccomp", "user"} & set(results["before"]["layers_held"])
+
+
+def test_async_gpu_commands_stop_strings_and_steady_state_summary(tmp_path):
+    """``benchmarks/async_gpu.py`` (issue 34's GPU comparison): each configuration's rlcore command
+    (placement, mode, GPUs), the length distribution its stop strings give, and the steady-state
+    tokens-per-second summary and sync-against-overlap comparison, on made-up step metrics."""
+    sys.path.insert(0, str(ROOT / "benchmarks"))
+    import async_gpu
+
+    split = async_gpu.overrides("async", 4, 2, tuned=True)
+    assert {"trainer.placement=split", "actor.world_size=2", "rollout.num_engines=2"} <= set(split)
+    assert {"trainer.mode=async", "trainer.max_staleness=2", "trainer.partial_rollout=true"} <= set(split)
+    together = async_gpu.overrides("colocated-sync", 4, 2, tuned=False)
+    assert {"trainer.placement=colocated", "actor.world_size=4", "rollout.num_engines=4"} <= set(together)
+    assert not set(async_gpu.TUNED) & set(together)
+    # Each stop string ends a response at the words with its prefix ("t170": t170, t1700-9, t17000-99),
+    # whether vLLM's text joins the words (byte-level BPE: "t5t170t3") or spaces them (word level): the
+    # first match of a substring search is at the first such word, never across two words.
+    assert async_gpu.stop_words() == 222
+    rng = random.Random(0)
+    stops = {i for i in range(async_gpu.WORDS) if f"t{i}".startswith(async_gpu.STOP)}
+    for _ in range(200):
+        ids = [rng.randrange(async_gpu.WORDS) for _ in range(50)] + [rng.choice(sorted(stops))]
+        first = next(k for k, i in enumerate(ids) if i in stops)
+        for sep in ("", " "):
+            text = ""
+            for k, i in enumerate(ids):
+                text += f"{sep}t{i}"
+                if any(stop in text for stop in async_gpu.STOP):
+                    assert k == first
+                    break
+    lengths = async_gpu.expected_lengths(2048)
+    assert 600 < lengths["mean"] < 700 and 0.04 < lengths["at_cap_fraction"] < 0.06
+
+    def step(k, seconds, tokens=1000.0):
+        return {"step": k, "timing/step": seconds, "tokens/total": tokens, "response_length/mean": 600.0}
+
+    summary = async_gpu.summarize([step(1, 50.0), step(2, 10.0), step(3, 10.0), step(4, 20.0)], 3)
+    assert summary["steady_steps"] == [3, 4] and summary["tokens_per_s"] == 2000 / 30
+    assert summary["tokens_per_s_per_step"] == {"median": 75.0, "min": 50.0, "max": 100.0, "n": 2}
+    runs = {
+        "colocated-sync": {"config": "colocated-sync", "tokens_per_s": 100.0},
+        "split-sync": {"config": "split-sync", "tokens_per_s": 80.0},
+        "one-step-off": {"config": "one-step-off", "tokens_per_s": 120.0},
+        "one-step-off-r2": {"config": "one-step-off", "tokens_per_s": 140.0},
+    }
+    comparison = async_gpu.compare(runs)
+    assert (comparison["best_sync"], comparison["best_overlap"]) == ("colocated-sync", "one-step-off")
+    assert comparison["ratio"] == 1.3
+    dry = subprocess.run(
+        [
+            sys.executable,
+            "benchmarks/async_gpu.py",
+            "--dry-run",
+            "--config",
+            "one-step-off",
+            "--out",
+            str(tmp_path),
+        ],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert dry.returncode == 0, dry.stderr[-3000:]
+    assert "trainer.mode=one_step_off" in dry.stdout and "rollout.stop=['t170','t171']" in dry.stdout

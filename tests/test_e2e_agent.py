@@ -142,10 +142,12 @@ def test_tool_task_learns_on_vllm_with_exact_ids(tmp_path):
         stop_ray()
 
 
-def test_hf_rollout_runs_the_same_episodes(tmp_path):
+def test_hf_rollout_runs_the_same_episodes_ahead_of_training(tmp_path):
+    # Asynchronous (docs/async.md): the episodes of step 2 are generated while the actor trains on step 1.
     trainer = train(
         tmp_path,
         "rollout.engine=hf",
+        "trainer.mode=one_step_off",
         "trainer.total_steps=2",
         "trainer.warmup_sft_steps=10",
         "data.train_batch_size=2",
@@ -154,8 +156,15 @@ def test_hf_rollout_runs_the_same_episodes(tmp_path):
     )
     try:
         steps = [r for r in trainer.history if r["step"] > 0]
-        assert len(steps) == 2 and all(r["rollout/logprob_diff_mean"] < 2e-3 for r in steps)
-        assert all("agent/turns/mean" in r for r in steps)
+        assert len(steps) == 2 and all("agent/turns/mean" in r for r in steps)
+        assert [r["off_policy/staleness_max"] for r in steps] == [0, 1]  # step 2's episodes: version 0
+        # Step 1 is on-policy: the actor scores its episodes' ids as the rollout sampled them. Step 2's
+        # episodes came from the weights before step 1's update: the log-probs moved, and the truncated
+        # importance weights correct for it.
+        first, second = steps
+        assert first["rollout/logprob_diff_mean"] < 2e-3
+        assert second["rollout/logprob_diff_mean"] > first["rollout/logprob_diff_mean"]
+        assert second["off_policy/is_weight_max"] != 1.0 and 0 <= second["off_policy/is_clipped_fraction"] < 1
         check_episodes_replay(trainer, num_prompts=2, n=1)
     finally:
         trainer.close()

@@ -10,10 +10,6 @@ the same task.
 from __future__ import annotations
 
 import math
-import os
-import subprocess
-import sys
-from pathlib import Path
 
 import pytest
 import yaml
@@ -21,39 +17,16 @@ from rlcore.telemetry.loggers import read_metrics
 
 pytestmark = pytest.mark.slow
 
-RLCORE = Path(sys.executable).with_name("rlcore")
 PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
-
-
-def rlcore_train(tmp_path: Path, name: str, *overrides: str) -> tuple[str, Path]:
-    """Run ``rlcore train`` with ``overrides`` into ``tmp_path/runs/name``; returns (output, run dir)."""
-    env = {
-        **os.environ,
-        "RLCORE_CACHE_DIR": str(tmp_path / "cache"),  # the built-in model is built like on a fresh machine
-        "COLUMNS": "200",
-    }
-    env.pop("RAY_ADDRESS", None)
-    args = [
-        str(RLCORE),
-        "train",
-        f"trainer.output_dir={tmp_path / 'runs'}",
-        f"trainer.experiment_name={name}",
-    ]
-    proc = subprocess.run(
-        [*args, *overrides], capture_output=True, text=True, env=env, cwd=tmp_path, timeout=600
-    )
-    output = proc.stdout + proc.stderr
-    assert proc.returncode == 0, output[-6000:]
-    return output, tmp_path / "runs" / name
 
 
 def mean(values: list[float]) -> float:
     return sum(values) / len(values)
 
 
-def test_default_run_learns_the_builtin_task(tmp_path):
-    steps = 20  # of 25 by default
-    output, run_dir = rlcore_train(tmp_path, "default", f"trainer.total_steps={steps}")
+def test_default_run_learns_the_builtin_task(default_run):
+    steps = 20  # of 25 by default (tests/conftest.py)
+    output, run_dir = default_run
 
     config = yaml.safe_load((run_dir / "config.yaml").read_text())
     assert config["algorithm"]["name"] == "grpo" and config["engine"] == "fsdp"
@@ -102,7 +75,7 @@ def test_default_run_learns_the_builtin_task(tmp_path):
     assert (logs / "rollout-0.log").is_file()
 
 
-def test_ppo_with_a_critic_learns_the_builtin_task(tmp_path):
+def test_ppo_with_a_critic_learns_the_builtin_task(tmp_path, rlcore_train):
     steps = 20
     _, run_dir = rlcore_train(tmp_path, "ppo", "algorithm.name=ppo", f"trainer.total_steps={steps}")
     config = yaml.safe_load((run_dir / "config.yaml").read_text())
@@ -128,7 +101,7 @@ def test_ppo_with_a_critic_learns_the_builtin_task(tmp_path):
     assert records[-1]["val/reward"] >= records[0]["val/reward_after_sft"] + 0.3
 
 
-def test_one_step_at_64_prompts_x_8_samples(tmp_path):
+def test_one_step_at_64_prompts_x_8_samples(tmp_path, rlcore_train):
     """The batch size of issue 19's crash report (64 prompts x 8 seeded samples): one full GRPO step runs
     through ``rlcore train``. The crash itself (vLLM-CPU rewinding a seeded generator after a chunked
     prefill) is reproduced and pinned at the engine level by plugins/vllm's

@@ -96,7 +96,7 @@ def test_every_stage_names_files_that_exist():
     for stage in STAGES.values():
         assert (ROOT / stage.script).exists(), f"{stage.name}: {stage.script} does not exist"
         assert set(stage.bundles) <= set(bundles.BUNDLES), stage.name
-        assert stage.seconds > 0 and stage.gpus in (1, 2)
+        assert stage.seconds > 0 and stage.gpus in (1, 2, 4)
         for run in _runs(stage.build(ctx)):
             for word in run.argv:
                 if word.endswith(".py") and "/" in word:

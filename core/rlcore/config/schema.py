@@ -154,6 +154,8 @@ class RolloutConfig:
     top_k: int = -1
     #: Longest response in tokens.
     max_response_length: int = attrs.field(default=256, validator=_positive)
+    #: Strings that end a response when generated, besides the end-of-sequence token.
+    stop: list[str] = attrs.Factory(list)
     #: Rollout engine replicas.
     num_engines: int = attrs.field(default=1, validator=_positive)
     #: Devices per replica.

@@ -227,6 +227,7 @@ class StepContext:
             top_p=r.top_p,
             top_k=r.top_k,
             max_tokens=r.max_response_length if max_tokens is None else max_tokens,
+            stop=tuple(r.stop),
             logprobs=True,
             seed=self.sampling_seed(stream),
         )

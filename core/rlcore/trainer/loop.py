@@ -295,7 +295,6 @@ class Trainer:
         ctx = self.ctx
         if produced is None:
             prompts = self.next_prompts()
-            self._loader_state = self.train_loader.state_dict()
             self.step += 1
             ctx.begin_step(self.step)
         else:
@@ -310,6 +309,7 @@ class Trainer:
         start = time.perf_counter() if since is None else since
         if produced is None:
             metrics = dict(self.algorithm.step(ctx, prompts))
+            self._loader_state = self.train_loader.state_dict()  # after any refills (DAPO) too
         else:
             ctx.record(produced.metrics)
             metrics = dict(self.algorithm.learn(ctx, produced.batch))

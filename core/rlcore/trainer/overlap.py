@@ -83,6 +83,8 @@ class Producer(threading.Thread):
     def run(self) -> None:
         try:
             for step in range(self.first, self.last + 1):
+                if self._stopping.is_set():
+                    return
                 if not self.clock.wait_for(step - 1 - self.max_staleness, self._stopping.is_set):
                     return
                 ctx = self.ctx
@@ -131,4 +133,5 @@ class Producer(threading.Thread):
     def stop(self, timeout_s: float = 60.0) -> None:
         """Stop after the generate call in flight (if any) and wait for the thread."""
         self._stopping.set()
-        self.join(timeout_s)
+        if self.ident is not None:  # started
+            self.join(timeout_s)

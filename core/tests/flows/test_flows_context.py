@@ -158,3 +158,25 @@ def test_seeds_and_uids_depend_only_on_seed_step_and_call_order():
     params = context(0, 1).sampling_params(n=1)
     assert (params.n, params.temperature, params.max_tokens, params.logprobs) == (1, 0.7, 5, True)
     assert params.seed is not None
+
+
+def test_a_step_continued_in_another_context_draws_the_seeds_of_one_context():
+    """The overlapping modes generate a step in the rollout thread's context and learn it in the trainer's:
+    the learn half's seeds (mini-batch shuffles) must be those a single context would draw after the
+    generation's."""
+    whole = context(0, 4)
+    generation = [whole.sampling_seed() for _ in range(2)]
+    learn = [whole.sampling_seed(stream=7) for _ in range(2)]
+    producer = context(0, 3).fork()
+    producer.begin_step(4)
+    assert [producer.sampling_seed() for _ in range(2)] == generation
+    trainer = context(0, 1)
+    trainer.continue_step(4, producer.counter)
+    assert [trainer.sampling_seed(stream=7) for _ in range(2)] == learn
+    assert producer.timer is not trainer.timer and producer.metrics is not trainer.metrics
+
+
+def test_stop_strings_reach_the_sampling_params():
+    ctx = context(0, 1)
+    ctx.config.rollout.stop = ["</answer>", "\n\n"]
+    assert ctx.sampling_params().stop == ("</answer>", "\n\n")
