@@ -210,50 +210,26 @@ def overrides(config: str, gpus: int, rollout_gpus: int, tuned: bool) -> list[st
     return [*place, *spec["mode"], *(TUNED if tuned else ())]
 
 
-def rlcore_command(inputs: dict, args: argparse.Namespace, run: str, run_dir: Path) -> list[str]:
-    launcher = [sys.executable, "-c", "import sys; from rlcore.cli.main import main; sys.exit(main())"]
+def rlcore_command(inputs: dict, args: argparse.Namespace, run_dir: Path) -> list[str]:
+    """``grpo_step_gpu``'s ``rlcore train`` command at this workload's size, with the stop strings and the
+    configuration's overrides after it (later keys win: placement, mode, GPUs)."""
+    from grpo_step_gpu import rlcore_command as step_command
+
     stop = "[" + ",".join(f"'{s}'" for s in STOP) + "]"
-    return [
-        *launcher,
-        "train",
-        "--engine",
-        "fsdp",
-        "--rollout",
-        "vllm",
-        f"model.path={inputs['model']}",
-        f"model.tokenizer_path={inputs['tokenizer']}",
-        "model.dtype=float32",
-        "fsdp.mixed_precision=bfloat16",
-        "fsdp.use_remove_padding=true",
-        "fsdp.attn_implementation=varlen",
-        "rollout.dtype=bfloat16",
-        f"data.train_files=[{inputs['data']}]",
-        "data.val_files=[]",
-        "data.apply_chat_template=false",
-        f"data.max_prompt_length={PROMPT_LEN}",
-        f"data.train_batch_size={args.prompts}",
-        f"rollout.n={N}",
-        f"rollout.max_response_length={args.max_response}",
+    extra = [
         f"rollout.stop={stop}",
-        "rollout.temperature=1.0",
-        "algorithm.name=grpo",
-        "algorithm.use_kl_loss=true",
-        "algorithm.kl_loss_coef=0.001",
-        "actor.ppo_epochs=1",
-        f"actor.ppo_mini_batch_size={args.prompts}",
-        "actor.optim.lr=1e-6",
-        f"trainer.total_steps={args.steps}",
-        "trainer.warmup_sft_steps=0",
-        "trainer.val_before_train=false",
-        "trainer.val_freq=0",
-        "trainer.loggers=[console,jsonl]",
-        f"trainer.output_dir={run_dir.parent}",
-        f"trainer.experiment_name={run_dir.name}",
-        "trainer.resume=disable",
-        f"reward.custom_function_path={inputs['reward']}",
         *overrides(args.config, args.gpus, args.rollout_gpus, not args.defaults),
         *args.overrides,
     ]
+    return step_command(
+        inputs,
+        args.steps,
+        run_dir.parent.parent,
+        extra,
+        run_dir.name,
+        prompts=args.prompts,
+        response_len=args.max_response,
+    )
 
 
 def _stats(values: list[float]) -> dict:
@@ -425,12 +401,12 @@ def main() -> None:
             "data": args.out / f"prompts_{rows}.jsonl",
             "reward": args.out / "reward.py",
         }
-        print(" ".join(rlcore_command(inputs, args, run, run_dir)))
+        print(" ".join(rlcore_command(inputs, args, run_dir)))
         print(json.dumps(expected_lengths(args.max_response), indent=2))
         return
     began = time.perf_counter()
     inputs = write_inputs(args.out, args.shape, rows)
-    command = rlcore_command(inputs, args, run, run_dir)
+    command = rlcore_command(inputs, args, run_dir)
     shutil.rmtree(run_dir, ignore_errors=True)
     log = args.out / f"{stem}_train.log"
     env = {**os.environ, "TOKENIZERS_PARALLELISM": "false"}

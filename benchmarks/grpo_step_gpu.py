@@ -95,8 +95,17 @@ def write_inputs(out: Path, shape: str, steps: int) -> dict:
 
 
 def rlcore_command(
-    inputs: dict, steps: int, out: Path, extra: list[str], name: str = "grpo_step"
+    inputs: dict,
+    steps: int,
+    out: Path,
+    extra: list[str],
+    name: str = "grpo_step",
+    *,
+    prompts: int = PROMPTS,
+    response_len: int = RESPONSE_LEN,
 ) -> list[str]:
+    """``rlcore train`` on this workload into ``out/runs/name``; ``extra`` overrides come last (and win).
+    ``benchmarks/async_gpu.py`` runs the same workload at other sizes."""
     # The console script's own code: the GPU machine installs with --target, which leaves no script on PATH.
     launcher = [sys.executable, "-c", "import sys; from rlcore.cli.main import main; sys.exit(main())"]
     return [
@@ -117,16 +126,16 @@ def rlcore_command(
         "data.val_files=[]",
         "data.apply_chat_template=false",
         f"data.max_prompt_length={PROMPT_LEN}",
-        f"data.train_batch_size={PROMPTS}",
+        f"data.train_batch_size={prompts}",
         f"rollout.n={N}",
-        f"rollout.max_response_length={RESPONSE_LEN}",
+        f"rollout.max_response_length={response_len}",
         "rollout.temperature=1.0",
         "rollout.gpu_memory_utilization=0.5",
         "algorithm.name=grpo",
         "algorithm.use_kl_loss=true",
         "algorithm.kl_loss_coef=0.001",
         "actor.ppo_epochs=1",
-        f"actor.ppo_mini_batch_size={PROMPTS}",
+        f"actor.ppo_mini_batch_size={prompts}",
         "actor.optim.lr=1e-6",
         "trainer.placement=colocated",
         f"trainer.total_steps={steps}",
