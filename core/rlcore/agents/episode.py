@@ -22,12 +22,12 @@ from collections.abc import Mapping, Sequence
 from typing import Any
 
 import attrs
-import numpy as np
 
 from rlcore.agents.observations import Observations
 from rlcore.agents.tool_calls import parse_tool_calls
 from rlcore.agents.tools import Tool, call_tool
 from rlcore.api import Completion, RolloutEngine, SamplingParams, request_seeds
+from rlcore.api.requests import derived_seed
 
 
 @attrs.define(frozen=True)
@@ -46,7 +46,7 @@ def turn_seed(seed: int | None, turn: int) -> int | None:
     value derived from ``(seed, turn)``."""
     if seed is None or turn == 0:
         return seed
-    return int(np.random.SeedSequence([seed, turn]).generate_state(1)[0] & 0x7FFFFFFF)
+    return derived_seed(seed, turn)
 
 
 class AgentLoop:

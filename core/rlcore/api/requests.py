@@ -70,6 +70,14 @@ def check_prompts(
     return checked
 
 
+def derived_seed(*entropy: int) -> int:
+    """A non-negative 31-bit seed that is a pure function of ``entropy`` (numpy's ``SeedSequence``): the
+    seed of a step's call, of an episode's later turn, of a partial rollout's continuation."""
+    import numpy as np
+
+    return int(np.random.SeedSequence(list(entropy)).generate_state(1)[0] & 0x7FFFFFFF)
+
+
 def request_seeds(params: SamplingParams, prompt_index: int) -> list[int | None]:
     """Seeds of the ``n`` samples of prompt ``prompt_index``: ``seed + prompt_index * n + j``, so that no
     two samples of a call share a random stream; ``None`` without a seed (the engine's own RNG)."""

@@ -15,9 +15,9 @@ from collections.abc import Callable, Iterator
 from typing import Any
 
 import attrs
-import numpy as np
 
 from rlcore.api import Batch, SamplingParams
+from rlcore.api.requests import derived_seed
 from rlcore.telemetry.metrics import PhaseTimer
 
 #: What each train role moves off the device while the rollout generates (the reference model has no
@@ -205,7 +205,7 @@ class StepContext:
         """A seed for the next generate call: a function of ``(trainer seed, step, stream, call number)``
         only, so a resumed run samples what the uninterrupted one would have."""
         entropy = [self.seed, self.step, stream, self._next()]
-        return int(np.random.SeedSequence(entropy).generate_state(1)[0] & 0x7FFFFFFF)
+        return derived_seed(*entropy)
 
     def new_uids(self, count: int) -> list[str]:
         """Group ids for ``count`` new prompts, unique within the run (``"<step>.<k>"``)."""

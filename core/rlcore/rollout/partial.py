@@ -26,9 +26,9 @@ from collections.abc import Callable, Iterator, Sequence
 from typing import Any
 
 import attrs
-import numpy as np
 
 from rlcore.api import Completion, SamplingParams
+from rlcore.api.requests import derived_seed
 
 
 class PolicyClock:
@@ -167,7 +167,7 @@ class VersionedRollout:
                 break
             rounds += 1
             budget = min(chunk, min(params.max_tokens - len(p.tokens) for p in active))
-            seed = None if params.seed is None else _round_seed(params.seed, rounds)
+            seed = None if params.seed is None else derived_seed(params.seed, rounds)
             cont = attrs.evolve(params, n=1, max_tokens=budget, seed=seed)
             with self._hold() as version:
                 results = self.rollout.generate([p.prompt + p.tokens for p in active], cont)
@@ -201,7 +201,3 @@ def _extend(p: _Partial, c: Completion, version: int, max_tokens: int) -> None:
     p.finish_reason = c.finish_reason
     # Done: stopped (eos or a stop string), the whole budget used, or nothing generated at all.
     p.done = c.finish_reason != "length" or len(p.tokens) >= max_tokens or not c.token_ids
-
-
-def _round_seed(seed: int, rounds: int) -> int:
-    return int(np.random.SeedSequence([seed, rounds]).generate_state(1)[0] & 0x7FFFFFFF)
