@@ -95,12 +95,23 @@ def importance_weights(
     return weights.to(proximal.dtype), metrics
 
 
+def version_span(versions: torch.Tensor, mask: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """``(oldest, newest)`` ``[B]`` int64: each row's oldest and newest policy version over its model
+    tokens (``versions [B, R]``, ``mask [B, R]``); a row without model tokens has ``oldest`` = int64 max
+    and ``newest`` = -1."""
+    valid = mask.bool()
+    oldest = (
+        torch.where(valid, versions, torch.full_like(versions, torch.iinfo(torch.long).max)).min(-1).values
+    )
+    newest = torch.where(valid, versions, torch.full_like(versions, -1)).max(-1).values
+    return oldest, newest
+
+
 def staleness(versions: torch.Tensor, mask: torch.Tensor, trainer_version: int) -> torch.Tensor:
     """``[B]`` int64: how many policy versions each sample lags the one being updated, by its oldest
     model token (``versions [B, R]``, ``mask [B, R]``). A row without model tokens lags 0."""
-    big = torch.iinfo(torch.long).max
-    oldest = torch.where(mask.bool(), versions, torch.full_like(versions, big)).min(-1).values
-    oldest = torch.where(oldest == big, torch.full_like(oldest, trainer_version), oldest)
+    oldest, newest = version_span(versions, mask)
+    oldest = torch.where(newest < 0, torch.full_like(oldest, trainer_version), oldest)
     return (trainer_version - oldest).clamp(min=0)
 
 
@@ -109,11 +120,8 @@ def staleness_metrics(versions: torch.Tensor, mask: torch.Tensor, trainer_versio
     ``k`` versions: the histogram) and ``off_policy/multi_version_fraction`` (the share of samples whose
     tokens came from more than one version: continued partial rollouts)."""
     lag = staleness(versions, mask, trainer_version)
-    valid = mask.bool()
-    big = torch.iinfo(torch.long).max
-    newest = torch.where(valid, versions, torch.full_like(versions, -1)).max(-1).values
-    oldest = torch.where(valid, versions, torch.full_like(versions, big)).min(-1).values
-    spans = (newest > oldest) & valid.any(-1)
+    oldest, newest = version_span(versions, mask)
+    spans = (newest > oldest) & (newest >= 0)
     metrics = {
         "off_policy/staleness_mean": float(lag.double().mean()),
         "off_policy/staleness_max": float(lag.max()),

@@ -15,7 +15,7 @@ import os
 from pathlib import Path
 from typing import Any
 
-import torch
+from rlcore.algorithms.off_policy import version_span
 
 SAMPLES_FILE = "trained_samples.jsonl"
 
@@ -26,12 +26,11 @@ def trained_rows(batch: Any) -> dict[str, list]:
     index = batch.objects.get("index")
     rows: dict[str, list] = {"index": [None if i is None else int(i) for i in index] if index else []}
     if "policy_version" in batch:
-        versions, mask = batch["policy_version"], batch["response_mask"].bool()
-        big = torch.iinfo(torch.long).max
-        oldest = torch.where(mask, versions, torch.full_like(versions, big)).min(-1).values
-        newest = torch.where(mask, versions, torch.full_like(versions, -1)).max(-1).values
-        rows["oldest"] = [None if v == big else int(v) for v in oldest.tolist()]
-        rows["newest"] = [None if v < 0 else int(v) for v in newest.tolist()]
+        oldest, newest = version_span(batch["policy_version"], batch["response_mask"])
+        rows["oldest"] = [
+            None if n < 0 else int(o) for o, n in zip(oldest.tolist(), newest.tolist(), strict=True)
+        ]
+        rows["newest"] = [None if n < 0 else int(n) for n in newest.tolist()]
     return rows
 
 
