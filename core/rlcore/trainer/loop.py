@@ -132,6 +132,7 @@ class Trainer:
         if self.resumed_from is not None:
             self._load(self.resumed_from)
         self.ctx.version = self.step  # one weight sync per step: the policy version the actor is at
+        self._loader_state = self.train_loader.state_dict()  # as of the last trained batch (checkpoints)
         self.samples = TrainedSamples(self.run_dir / SAMPLES_FILE, keep_through=self.step)
         self.ctx.timeline = Timeline(self.run_dir / TIMELINE_FILE, self._role_ranks())
         self._overlap_setup()
@@ -160,7 +161,6 @@ class Trainer:
         rollout behind the :class:`~rlcore.rollout.partial.PolicyClock` both threads share."""
         cfg = self.config.trainer
         self.clock: PolicyClock | None = None
-        self._loader_state = self.train_loader.state_dict()  # of the last trained batch
         if cfg.mode == "sync":
             return
         name = self.config.algorithm.name
