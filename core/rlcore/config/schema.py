@@ -55,9 +55,11 @@ def _positive(instance: Any, attribute: attrs.Attribute, value: int | None) -> N
 
 @attrs.define(kw_only=True)
 class ModelConfig:
-    """The policy model. ``builtin:tiny`` is a tiny Qwen2 model made locally on first use."""
+    """The policy model. ``builtin:tiny`` is a tiny Qwen2 model made locally on first use;
+    ``builtin:smollm2-135m-instruct`` a real pretrained one from a registry package (:mod:`rlcore.models`)."""
 
-    #: Hugging Face model folder (local path), or ``builtin:tiny``.
+    #: Hugging Face model folder (local path), hub id, or a built-in model (``builtin:tiny``,
+    #: ``builtin:smollm2-135m-instruct``).
     path: str = "builtin:tiny"
     #: Tokenizer folder; defaults to ``path``.
     tokenizer_path: str | None = None

@@ -38,6 +38,7 @@ CORE_LAYERS: tuple[tuple[str, tuple[str, ...]], ...] = (
             "rlcore.telemetry",
             "rlcore.data",
             "rlcore.tasks",
+            "rlcore.models",
             "rlcore.sandbox",
             "rlcore.algorithms",
             "rlcore.transports",

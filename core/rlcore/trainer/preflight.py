@@ -117,7 +117,9 @@ def _unprefixed(exc: Exception, key: str) -> str:
 
 # -- files -------------------------------------------------------------------------------------
 def _model_problems(config: Any) -> Iterator[str]:
-    """Model folders that do not exist (``builtin:tiny`` is built later, when the run starts)."""
+    """Model folders that do not exist, and built-in models that cannot be built here (they are built
+    later, when the run starts)."""
+    from rlcore.models import builtin_name, missing_requirement
     from rlcore.trainer.run import resolve_model_path
 
     for key, path in (
@@ -125,9 +127,15 @@ def _model_problems(config: Any) -> Iterator[str]:
         ("model.tokenizer_path", config.model.tokenizer_path),
         ("critic.model_path", config.critic.model_path),
     ):
-        if path is None or path == "builtin:tiny":
+        if path is None:
             continue
         try:
+            name = builtin_name(path)
+            if name is not None:  # built when the run starts; here only whether it can be
+                problem = missing_requirement(name)
+                if problem:
+                    yield f"'{key}': {problem}"
+                continue
             resolve_model_path(path)
         except (ValueError, FileNotFoundError) as exc:
             yield f"'{key}': {exc}"

@@ -19,7 +19,7 @@ import os
 import time
 import traceback
 import warnings
-from collections.abc import Iterator, Sequence
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
@@ -61,41 +61,22 @@ def cache_dir() -> Path:
     return Path(os.environ.get(CACHE_ENV) or "~/.cache/rlcore").expanduser()
 
 
-@contextlib.contextmanager
-def _file_lock(path: Path) -> Iterator[None]:
-    """Exclusive lock across processes (two runs starting at once build the tiny model once)."""
-    import fcntl
-
-    path.parent.mkdir(parents=True, exist_ok=True)
-    with open(path, "w") as f:
-        fcntl.flock(f, fcntl.LOCK_EX)
-        try:
-            yield
-        finally:
-            fcntl.flock(f, fcntl.LOCK_UN)
-
-
 def resolve_model_path(path: str) -> str:
-    """A model folder for ``path``: ``builtin:tiny`` is built into :func:`cache_dir` (once; a random
-    tiny Qwen2 model with its tokenizer); a local folder is made absolute; any other name is taken as a
+    """A model folder for ``path``: a built-in model (``builtin:<name>``, see :mod:`rlcore.models`) is
+    built into :func:`cache_dir` once; a local folder is made absolute; any other name is taken as a
     Hugging Face hub id for the engines to fetch."""
-    if path.startswith("builtin:"):
-        name = path.removeprefix("builtin:")
-        if name != "tiny":
-            raise ValueError(f"model.path={path!r}: unknown built-in model; the built-in is 'builtin:tiny'")
-        from rlcore.testing.tiny import build_tiny_model
+    from rlcore.models import build_builtin, builtin_name
 
-        target = cache_dir() / "models" / "tiny"
-        with _file_lock(target.with_name("tiny.lock")):
-            build_tiny_model(target)
-        return str(target)
+    name = builtin_name(path)
+    if name is not None:
+        return str(build_builtin(name, cache_dir()))
     local = Path(path).expanduser()
     if local.exists():
         return str(local.resolve())
     if path.startswith(("/", ".", "~")) or path.count("/") != 1:
         raise FileNotFoundError(
             f"model folder {path!r} does not exist. Set model.path to a local Hugging Face model folder, a hub "
-            "id (org/name), or builtin:tiny."
+            "id (org/name), or a built-in model (builtin:tiny, builtin:smollm2-135m-instruct)."
         )
     return path
 

