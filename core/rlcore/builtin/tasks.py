@@ -11,6 +11,7 @@ from rlcore import hookimpl
 TASK_REWARDS = {
     "rlcore/copy_word": "rlcore.tasks.copy_word:compute_score",
     "rlcore/tool_add": "rlcore.tasks.tool_add:compute_score",
+    "rlcore/addition": "rlcore.tasks.addition:compute_score",
 }
 
 

@@ -30,7 +30,11 @@ BUILTIN_PREFIX = "builtin:"
 #: The task ``rlcore train`` runs when ``data.train_files`` is empty.
 DEFAULT_TASK = "copy_word"
 #: Task name -> module with ``SPLITS``, ``rows(split)``, ``compute_score``, ``DATA_SOURCE``, ``RECIPE``.
-TASKS = {"copy_word": "rlcore.tasks.copy_word", "tool_add": "rlcore.tasks.tool_add"}
+TASKS = {
+    "copy_word": "rlcore.tasks.copy_word",
+    "tool_add": "rlcore.tasks.tool_add",
+    "addition": "rlcore.tasks.addition",
+}
 
 
 def task_module(name: str) -> ModuleType:

@@ -76,7 +76,7 @@ def test_builtin_files_load_through_the_prompt_pipeline(tmp_path, tokenizer):
 @pytest.mark.parametrize(
     ("path", "message"),
     [
-        ("builtin:nosuch/train.jsonl", "unknown built-in task 'nosuch'; built-in tasks: copy_word"),
+        ("builtin:nosuch/train.jsonl", "unknown built-in task 'nosuch'; built-in tasks: addition, copy_word"),
         ("builtin:copy_word/test.jsonl", "has no split 'test'"),
         ("builtin:copy_word", "write builtin:<task>/<split>.jsonl"),
         ("builtin:copy_word/train.parquet", "write builtin:<task>/<split>.jsonl"),
