@@ -18,7 +18,14 @@ ray = pytest.importorskip("ray")  # a dependency of rlcore: never skipped in a r
 
 @pytest.fixture(scope="module")
 def cluster():
-    ray.init(num_cpus=2, num_gpus=2, resources={"NPU": 2}, include_dashboard=False, log_to_driver=False)
+    ray.init(
+        address="local",
+        num_cpus=2,
+        num_gpus=2,
+        resources={"NPU": 2},
+        include_dashboard=False,
+        log_to_driver=False,
+    )
     yield
     ray.shutdown()
 

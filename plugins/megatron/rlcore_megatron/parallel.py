@@ -52,7 +52,11 @@ class Layout:
 
 def init_process_groups(dist_info: DistInfo, backend: str, tp_size: int, pp_size: int) -> Layout:
     """Join (or reuse) the default process group and megatron-core's model-parallel groups."""
-    if not dist.is_initialized():
+    if not dist.is_initialized() and dist_info.world_size == 1:
+        # One rank rendezvous with nobody: an in-memory store, so two single-rank engines on one host
+        # (two runs, two test workers) never race for the same TCP port.
+        dist.init_process_group(backend=backend, store=dist.HashStore(), rank=0, world_size=1)
+    elif not dist.is_initialized():
         dist.init_process_group(
             backend=backend,
             init_method=f"tcp://{dist_info.master_addr}:{dist_info.master_port}",
