@@ -24,6 +24,8 @@ import tempfile
 import time
 from pathlib import Path
 
+from rlcore.telemetry.loggers import METRICS_FILE, read_metrics
+
 RESULTS = Path(__file__).resolve().parent / "results" / "smollm2-task"
 TASK = "data.train_files=[builtin:addition/train.jsonl]"
 HELD_OUT = 200
@@ -71,7 +73,7 @@ def main(argv: list[str] | None = None) -> int:
             file=sys.stderr,
         )
         return proc.returncode
-    records = [json.loads(line) for line in (out / args.name / "metrics.jsonl").read_text().splitlines()]
+    records = read_metrics(out / args.name / METRICS_FILE)
     curve = [(r["step"], r["val/reward"]) for r in records if "val/reward" in r]
     (_, before), (s1, after) = curve[0], curve[-1]
     result = {
@@ -114,7 +116,10 @@ def plot(result: dict, path: Path) -> None:
     ax.set_xlabel("GRPO step")
     ax.set_ylabel(f"accuracy on {result['held_out']} held-out sums")
     ax.set_ylim(0, 1)
-    ax.set_title(f"SmolLM2-135M-Instruct on addition, {result['wall_s'] / 60:.1f} min on {result['cpus']} CPUs", fontsize=10)
+    ax.set_title(
+        f"SmolLM2-135M-Instruct on addition, {result['wall_s'] / 60:.1f} min on {result['cpus']} CPUs",
+        fontsize=10,
+    )
     ax.legend(loc="lower right")
     fig.tight_layout()
     fig.savefig(path, dpi=120)

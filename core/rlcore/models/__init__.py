@@ -24,10 +24,11 @@ from collections.abc import Iterator
 from pathlib import Path
 
 PREFIX = "builtin:"
-#: Built-in model name -> ``(module, function)`` that writes the model folder to a target path.
-BUILTIN_MODELS: dict[str, tuple[str, str]] = {
-    "tiny": ("rlcore.testing.tiny", "build_tiny_model"),
-    "smollm2-135m-instruct": ("rlcore.models.smollm2", "build"),
+#: Built-in model name -> ``(module, builder, requirement check)``: the builder writes the model folder to a
+#: target path; the check (``None``: nothing to check) returns why it cannot run here, or ``None``.
+BUILTIN_MODELS: dict[str, tuple[str, str, str | None]] = {
+    "tiny": ("rlcore.testing.tiny", "build_tiny_model", None),
+    "smollm2-135m-instruct": ("rlcore.models.smollm2", "build", "missing_requirement"),
 }
 
 
@@ -48,14 +49,8 @@ def builtin_name(path: str | None) -> str | None:
 def missing_requirement(name: str) -> str | None:
     """Why built-in model ``name`` cannot be built here (a package to install), or ``None``: a cheap check
     for pre-flight, which does not build the model."""
-    if name == "smollm2-135m-instruct":
-        from rlcore.models import smollm2
-
-        try:
-            smollm2.gguf_path()
-        except smollm2.MissingModelPackage as exc:
-            return str(exc)
-    return None
+    module, _, check = BUILTIN_MODELS[name]
+    return getattr(importlib.import_module(module), check)() if check else None
 
 
 @contextlib.contextmanager
@@ -74,7 +69,7 @@ def _file_lock(path: Path) -> Iterator[None]:
 
 def build_builtin(name: str, cache: str | os.PathLike) -> Path:
     """The folder of built-in model ``name`` under ``cache``, built there first if it is not yet."""
-    module, function = BUILTIN_MODELS[name]
+    module, function, _ = BUILTIN_MODELS[name]
     target = Path(cache) / "models" / name
     with _file_lock(target.with_name(f"{name}.lock")):
         getattr(importlib.import_module(module), function)(target)

@@ -44,6 +44,21 @@ def gguf_path() -> Path:
     )
 
 
+def missing_requirement() -> str | None:
+    """What :func:`build` needs and this environment lacks (the package, or the ``gguf`` reader), said with
+    the command that installs it; ``None`` when both are there."""
+    try:
+        source = gguf_path()
+    except MissingModelPackage as exc:
+        return str(exc)
+    if importlib.util.find_spec("gguf") is None:
+        return (
+            f"model.path=builtin:{NAME}: reading {source.name} needs the 'gguf' package. Install it with: "
+            f"{INSTALL}"
+        )
+    return None
+
+
 def build(target: str | os.PathLike) -> Path:
     """Write the dequantized model to ``target`` unless a finished build is there; returns ``target``.
 
@@ -53,12 +68,10 @@ def build(target: str | os.PathLike) -> Path:
     target = Path(target)
     if (target / DONE).is_file():
         return target
+    problem = missing_requirement()
+    if problem:
+        raise MissingModelPackage(problem)
     source = gguf_path()
-    if importlib.util.find_spec("gguf") is None:
-        raise MissingModelPackage(
-            f"model.path=builtin:{NAME}: reading {source.name} needs the 'gguf' package. Install it with: "
-            f"{INSTALL}"
-        )
     import torch
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
