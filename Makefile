@@ -7,7 +7,7 @@ PY := $(VENV)/bin/python
 # --no-cache-dir: no second copy of every wheel in ~/.cache/pip; a fresh machine's disk may be nearly full.
 PIP := $(PY) -m pip install -q --no-compile --no-cache-dir -c constraints-cpu.txt
 STAMP := $(VENV)/.rlcore-setup
-PACKAGES := -e core -e plugins/fsdp -e 'plugins/vllm[cpu]' -e plugins/megatron -e plugins/sglang -e plugins/rocm -e plugins/ascend
+PACKAGES := -e core -e 'plugins/fsdp[lora]' -e 'plugins/vllm[cpu]' -e plugins/megatron -e plugins/sglang -e plugins/rocm -e plugins/ascend
 # trl: the baseline of benchmarks/vs_trl_cpu.py, whose smoke test runs in `make test` (it must not skip).
 DEV := pytest pytest-benchmark pytest-timeout ruff tensorboard wandb mlflow-skinny trl
 

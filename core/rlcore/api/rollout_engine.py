@@ -71,12 +71,22 @@ class RolloutSpec:
     max_model_len: int = 2048
     gpu_memory_utilization: float = 0.5
     seed: int = 0
+    # The policy trains a LoRA adapter (rlcore.api.LoraSpec). An engine that loads adapters
+    # (:meth:`RolloutEngine.loads_adapters`) then receives the adapter alone from each sync and generates
+    # with it; other engines receive merged weights, as without LoRA.
+    lora: Any = None
+    # ``actor.lora.sync``: "auto" (the engine decides whether it loads adapters, by its speed with them)
+    # or "adapter" (it must).
+    lora_sync: str = "auto"
 
 
 class RolloutEngine(abc.ABC):
     """Generation over one model replica (which may itself span ``tensor_parallel_size`` devices)."""
 
     config_class: ClassVar[type | None] = None
+    #: Whether the engine can generate with a LoRA adapter loaded from the weight stream (see
+    #: :meth:`load_weights`); when False a LoRA run sends it merged weights.
+    supports_lora_adapters: ClassVar[bool] = False
 
     def __init__(self, spec: RolloutSpec, config: Any, platform: Any):
         self.spec, self.config, self.platform = spec, config, platform
@@ -93,7 +103,12 @@ class RolloutEngine(abc.ABC):
     def load_weights(self, buckets: Iterable[WeightBucket]) -> None:
         """Load a (possibly partial) weight stream in Hugging Face names, re-sharding for this engine's
         tensor parallelism, then invalidate any cache computed with the old weights (prefix cache).
-        An unknown name raises and leaves the engine usable."""
+        An unknown name raises and leaves the engine usable.
+
+        An engine with :attr:`supports_lora_adapters` and ``spec.lora`` set also takes an adapter stream,
+        the whole of :meth:`rlcore.api.TrainEngine.export_adapter` (``<module>.lora_A.weight [rank, in]``,
+        ``<module>.lora_B.weight [out, rank]``): the adapter replaces the previous one, over the base
+        weights the engine started from, for every later request."""
 
     @abc.abstractmethod
     def release(self, tags: Sequence[str]) -> None:
@@ -102,6 +117,12 @@ class RolloutEngine(abc.ABC):
     @abc.abstractmethod
     def resume(self, tags: Sequence[str]) -> None:
         """Re-acquire memory released by :meth:`release`."""
+
+    def loads_adapters(self) -> bool:
+        """Whether this engine takes the LoRA adapter alone at each sync (else merged weights). Default:
+        when it can (:attr:`supports_lora_adapters`) and the run trains one (``spec.lora``). An engine may
+        say no under ``lora_sync: auto`` where adapters would make it generate slower than merged weights."""
+        return self.supports_lora_adapters and self.spec.lora is not None
 
     def shutdown(self) -> None:
         """Stop background processes. Default: nothing to stop."""

@@ -49,6 +49,31 @@ class DistInfo:
     master_port: int = 29500
 
 
+#: Modules a LoRA adapter wraps when ``LoraSpec.target_modules`` is ``"all-linear"``: every linear layer of
+#: the decoder blocks (attention and MLP projections), as PEFT's ``all-linear`` chooses for Llama/Qwen2.
+ALL_LINEAR = "all-linear"
+
+
+@attrs.define(frozen=True)
+class LoraSpec:
+    """A low-rank adapter on the policy: ``W x + (alpha / rank) * B A x`` for each targeted linear layer
+    ``W [out, in]``, with ``A [rank, in]`` (random) and ``B [out, rank]`` (zero) trained and ``W`` frozen.
+
+    ``target_modules``: module names as PEFT takes them (``["q_proj", "v_proj"]``) or ``"all-linear"``.
+    ``dropout`` applies to the adapter's input in the training forward only, so with ``dropout > 0`` the
+    training forward is no longer the log-prob forward (importance ratios start away from 1).
+    """
+
+    rank: int
+    alpha: float = 16.0
+    target_modules: tuple[str, ...] | str = ALL_LINEAR
+    dropout: float = 0.0
+
+    @property
+    def scale(self) -> float:
+        return self.alpha / self.rank
+
+
 @attrs.define
 class EngineSpec:
     """Engine-independent description of one role's model (from the role's config section).
@@ -77,6 +102,8 @@ class EngineSpec:
     gradient_checkpointing: bool = False
     temperature: float = 1.0  # log-probs are of logits / temperature, as the rollout sampled them
     seed: int = 0
+    # A LoRA adapter to train instead of the full weights (engines with ``supports_lora`` only).
+    lora: LoraSpec | None = None
 
 
 class TrainEngine(abc.ABC):
@@ -89,6 +116,10 @@ class TrainEngine(abc.ABC):
 
     config_class: ClassVar[type | None] = None
     heads: ClassVar[tuple[str, ...] | None] = None
+    #: Whether the engine trains a LoRA adapter when :attr:`EngineSpec.lora` is set (the run refuses the
+    #: setting otherwise). Such an engine also implements :meth:`export_adapter` and ``infer``'s
+    #: ``base_log_probs`` output (the frozen base, adapter off: the reference policy without a second copy).
+    supports_lora: ClassVar[bool] = False
 
     def __init__(self, spec: EngineSpec, config: Any, platform: Any, dist: DistInfo):
         self.spec, self.config, self.platform, self.dist = spec, config, platform, dist
@@ -134,8 +165,16 @@ class TrainEngine(abc.ABC):
     def export_weights(self, dtype: torch.dtype, bucket_bytes: int) -> Iterator[WeightBucket]:
         """Full (unsharded) weights in Hugging Face names and ``dtype``, in buckets of at most
         ``bucket_bytes`` (see :func:`rlcore.weights.bucketize`). Every rank must iterate (collectives);
-        only ranks where :meth:`holds_output` is true yield buckets.
+        only ranks where :meth:`holds_output` is true yield buckets. With a LoRA adapter: the merged
+        weights ``W + scale * B A``, in the base model's names.
         """
+
+    def export_adapter(self, dtype: torch.dtype, bucket_bytes: int) -> Iterator[WeightBucket]:
+        """The LoRA adapter alone (engines with :attr:`supports_lora`, when :attr:`EngineSpec.lora` is set):
+        ``<module>.lora_A.weight [rank, in]`` and ``<module>.lora_B.weight [out, rank]`` for every adapted
+        module, ``<module>`` its Hugging Face name (``model.layers.0.self_attn.q_proj``). Collective, as
+        :meth:`export_weights`."""
+        raise NotImplementedError(f"{type(self).__name__} has no LoRA adapter to export")
 
     @abc.abstractmethod
     def release(self, tags: Sequence[str]) -> None:

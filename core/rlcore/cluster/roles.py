@@ -154,6 +154,24 @@ class TrainRole:
         self.group.shutdown()
 
 
+class AdapterOffReference:
+    """The reference policy of a LoRA run: the actor's own engine with its adapter switched off (the
+    frozen base weights), so no second copy of the model is loaded. ``infer`` answers as a reference
+    :class:`TrainRole` does."""
+
+    name = "reference"
+
+    def __init__(self, actor: TrainRole):
+        self.actor = actor
+
+    def infer(self, batch: Batch, outputs: Sequence[str] = ("log_probs",)) -> Batch:
+        """``log_probs [B, R]`` of the base model (the engine's ``base_log_probs`` output)."""
+        if tuple(outputs) != ("log_probs",):
+            raise ValueError(f"the LoRA run's reference computes log_probs only, not {list(outputs)}")
+        out = self.actor.infer(batch, ("base_log_probs",))
+        return Batch({"log_probs": out["base_log_probs"]})
+
+
 class RolloutRole:
     """The rollout engines: prompts are split over replicas, results kept in prompt order."""
 
@@ -163,10 +181,17 @@ class RolloutRole:
         self.group = group
         #: transports whose collective group this role's engines joined, with the sender group
         self._joined: set[tuple[str, int]] = set()
+        self._loads_adapters: bool | None = None
 
     @property
     def num_engines(self) -> int:
         return self.group.world_size
+
+    def loads_adapters(self) -> bool:
+        """Whether weight syncs send the LoRA adapter alone (every replica loads adapters), asked once."""
+        if self._loads_adapters is None:
+            self._loads_adapters = all(self.group.call_all("loads_adapters"))
+        return self._loads_adapters
 
     def generate(self, prompts: Sequence[Sequence[int]], params: SamplingParams) -> list[list[Completion]]:
         """``result[i]`` holds ``params.n`` completions of ``prompts[i]``."""
@@ -252,8 +277,9 @@ def sync_weights(actor: TrainRole, rollout: RolloutRole, transport: Any, dtype: 
     """
     from rlcore.plugins import registry
 
+    adapter = rollout.loads_adapters()
     if hosted_in(rollout, actor):
-        return _sync_hosted(actor, rollout, transport, dtype)
+        return _sync_hosted(actor, rollout, transport, dtype, adapter)
     name = resolve_transport_name(getattr(transport, "name", "auto") or "auto", actor, rollout)
     transport_cls = registry("weight_transports").get(name)
     sender = actor.group.output_ranks[0]
@@ -268,12 +294,12 @@ def sync_weights(actor: TrainRole, rollout: RolloutRole, transport: Any, dtype: 
         _join_weight_group(actor, rollout, name, transport, sender)
         sent, received = wait_all(
             [
-                actor.group.call_all_async("send_weights", name, transport, dtype, sender),
+                actor.group.call_all_async("send_weights", name, transport, dtype, sender, adapter),
                 rollout.group.call_all_async("receive_weights", name, transport, None),
             ]
         )
     else:
-        sent = actor.group.call_all("send_weights", name, transport, dtype, sender)
+        sent = actor.group.call_all("send_weights", name, transport, dtype, sender, adapter)
         received = rollout.group.call_all("receive_weights", name, transport, sent[sender][0])
         if hasattr(transport_cls, "release_sent"):  # every engine has loaded: the sender may free its copy
             actor.group.call_rank(sender, "release_sent_weights", name, transport)
@@ -292,12 +318,14 @@ def sync_weights(actor: TrainRole, rollout: RolloutRole, transport: Any, dtype: 
     return metrics
 
 
-def _sync_hosted(actor: TrainRole, rollout: RolloutRole, transport: Any, dtype: str) -> dict[str, float]:
+def _sync_hosted(
+    actor: TrainRole, rollout: RolloutRole, transport: Any, dtype: str, adapter: bool
+) -> dict[str, float]:
     """Hybrid placement: every actor rank exports (collectively); the ranks hosting a replica load it in
     their own process. The metrics of :func:`sync_weights`; send time is the export, inside the load."""
     hosts = actor.group.output_ranks[: rollout.num_engines]
     start = time.perf_counter()
-    results = actor.group.call_all("sync_local_rollout", transport, dtype, hosts)
+    results = actor.group.call_all("sync_local_rollout", transport, dtype, hosts, adapter)
     seconds = time.perf_counter() - start
     first = results[hosts[0]]
     return {

@@ -273,6 +273,12 @@ class TrainWorker(Worker):
         entry = registry("train_engines").entry(engine_name)
         self.engine_source = engine_source(entry)
         engine_cls = entry.load()
+        if spec.lora is not None and not getattr(engine_cls, "supports_lora", False):
+            raise ValueError(
+                f"actor.lora.rank={spec.lora.rank}: train engine {entry.label} does not train LoRA adapters "
+                "(TrainEngine.supports_lora is False); use --engine fsdp, or set actor.lora.rank=0 to train "
+                "the full model"
+            )
         config = _engine_config(entry, engine_cls, engine_config)
         activation_dtype = getattr(engine_cls, "activation_dtype", None)
         spec = micro_batching.resolve(
@@ -312,19 +318,29 @@ class TrainWorker(Worker):
         if self.rank == sender_rank:
             self._transport(transport, transport_config).init_group(0, world_size, master_addr, port)
 
+    def _export(self, dtype: str, bucket_bytes: int, adapter: bool) -> Iterator[Any]:
+        """The weight stream a sync sends: the LoRA adapter alone (``adapter``) or the full weights."""
+        export = self.engine.export_adapter if adapter else self.engine.export_weights
+        return export(_torch_dtype(dtype), int(bucket_bytes))
+
     @reports_phase
     def send_weights(
-        self, transport: str, transport_config: Any, dtype: str, sender_rank: int | None = None
+        self,
+        transport: str,
+        transport_config: Any,
+        dtype: str,
+        sender_rank: int | None = None,
+        adapter: bool = False,
     ) -> tuple[Any, dict[str, float]]:
-        """Export the full weights in ``dtype`` and send them with transport ``transport``.
+        """Export the full weights (or, with ``adapter``, the LoRA adapter alone) in ``dtype`` and send them
+        with transport ``transport``.
 
         Every rank iterates the export (it may run collectives). Rank ``sender_rank`` (default: every
         rank that holds outputs) sends and returns ``(handle, stats)``; the others return ``(None, {})``.
         """
-        torch_dtype = _torch_dtype(dtype)
         sends = self.engine.holds_output() if sender_rank is None else self.rank == sender_rank
         config = transport_config_for(transport, transport_config)
-        buckets = self.engine.export_weights(torch_dtype, int(config.bucket_bytes))
+        buckets = self._export(dtype, config.bucket_bytes, adapter)
         if not sends:
             for _ in buckets:  # join the export's collectives; this rank sends nothing
                 pass
@@ -335,7 +351,7 @@ class TrainWorker(Worker):
 
     @reports_phase
     def sync_local_rollout(
-        self, transport_config: Any, dtype: str, host_ranks: Sequence[int]
+        self, transport_config: Any, dtype: str, host_ranks: Sequence[int], adapter: bool = False
     ) -> dict[str, float]:
         """``trainer.placement=hybrid``: export the full weights in ``dtype`` and stream them straight into
         the rollout replica built in this process (ranks in ``host_ranks`` have one): no copy between
@@ -345,7 +361,7 @@ class TrainWorker(Worker):
         from rlcore.transports.stats import bucket_bytes
 
         config = transport_config_for("inprocess", transport_config)
-        buckets = self.engine.export_weights(_torch_dtype(dtype), int(config.bucket_bytes))
+        buckets = self._export(dtype, config.bucket_bytes, adapter)
         if self.rank not in host_ranks:
             for _ in buckets:  # join the export's collectives
                 pass
@@ -445,6 +461,17 @@ class RolloutWorker(Worker):
         engine_cls = entry.load()
         self.engine = engine_cls(spec, _engine_config(entry, engine_cls, engine_config), self.platform)
         _LOCAL_ROLLOUT.worker = self
+        if spec.lora is not None and spec.lora_sync == "adapter" and not self.loads_adapters():
+            raise ValueError(
+                f"actor.lora.sync=adapter: rollout engine {entry.label} does not load LoRA adapters; set "
+                "actor.lora.sync to auto or merged"
+            )
+
+    def loads_adapters(self) -> bool:
+        """Whether this replica takes the LoRA adapter alone at each sync (the run trains one, with
+        ``actor.lora.sync: auto``, and the engine loads adapters); else it takes merged weights."""
+        loads = getattr(self.engine, "loads_adapters", None)  # engines written before the method
+        return bool(loads()) if callable(loads) else False
 
     @reports_phase
     def topology(self) -> tuple[int, int, bool]:

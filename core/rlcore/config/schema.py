@@ -87,6 +87,44 @@ class OptimConfig:
     min_lr_ratio: float = 0.0
 
 
+def _target_modules(instance: Any, attribute: attrs.Attribute, value: Any) -> None:
+    if value == "all-linear":
+        return
+    if not isinstance(value, list | tuple) or not value or not all(isinstance(v, str) and v for v in value):
+        raise FieldValueError(
+            attribute.name, f"must be 'all-linear' or a non-empty list of module names, got {value!r}"
+        )
+
+
+def _dropout(instance: Any, attribute: attrs.Attribute, value: float) -> None:
+    if not 0.0 <= value < 1.0:
+        raise FieldValueError(attribute.name, f"must be in [0, 1), got {value!r}")
+
+
+@attrs.define(kw_only=True)
+class LoraConfig:
+    """A LoRA adapter trained instead of the full policy (PEFT on the FSDP engine). The base weights stay
+    frozen; the reference policy is the base with the adapter switched off, so no second model is loaded;
+    checkpoints hold the adapter; rollouts that serve adapters (vLLM on GPUs) receive the adapter alone at each
+    sync, others the merged weights."""
+
+    #: Adapter rank; 0 trains the full model (no adapter).
+    rank: int = attrs.field(default=0, validator=_non_negative)
+    #: Scaling numerator: the update is ``(alpha / rank) * B A``.
+    alpha: float = 16.0
+    #: Linear layers to adapt, by module name (``[q_proj, v_proj]``), or ``all-linear`` (every linear
+    #: layer of the decoder blocks).
+    target_modules: Any = attrs.field(default="all-linear", validator=_target_modules)
+    #: Dropout on the adapter's input in the training forward. Above 0 the training forward differs
+    #: from the log-prob forward, so importance ratios start away from 1 (PEFT's default is 0 too).
+    dropout: float = attrs.field(default=0.0, validator=_dropout)
+    #: What each weight sync sends: ``adapter`` (the adapter alone; the rollout engine must load adapters),
+    #: ``merged`` (``W + (alpha / rank) B A``, any rollout), or ``auto``: the adapter where the rollout engine
+    #: serves it well, else merged (vLLM: on GPUs in bf16/fp16; its CPU build serves adapters through slow
+    #: reference kernels and its GPU kernels take no fp32, so those take merged weights).
+    sync: str = attrs.field(default="auto", validator=_one_of("auto", "adapter", "merged"))
+
+
 @attrs.define(kw_only=True)
 class ActorConfig:
     """The policy being trained (also sizes the reference model, which shares its engine)."""
@@ -112,6 +150,8 @@ class ActorConfig:
     #: log-probs before it (no KL penalty in the reward): the loss then takes its own forward's detached
     #: log-probs, the same numbers. ``always``: run the pass every step.
     recompute_old_log_probs: str = attrs.field(default="auto", validator=_one_of("auto", "always"))
+    #: Train a LoRA adapter instead of the full weights (``lora.rank > 0``).
+    lora: LoraConfig = attrs.Factory(LoraConfig)
 
 
 @attrs.define(kw_only=True)

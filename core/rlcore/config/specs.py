@@ -13,7 +13,7 @@ from typing import Any
 
 import attrs
 
-from rlcore.api import EngineSpec, RolloutSpec
+from rlcore.api import EngineSpec, LoraSpec, RolloutSpec
 from rlcore.api.train_engine import AUTO_MICRO_BATCH
 
 #: ``EngineSpec.micro_batch_size`` while an ``"auto"`` budget is pending: the worker replaces it with the
@@ -58,6 +58,21 @@ def engine_spec(config: Any, role: str) -> EngineSpec:
         gradient_checkpointing=config.actor.gradient_checkpointing if role != "critic" else False,
         temperature=temperature,
         seed=config.trainer.seed,
+        lora=lora_spec(config) if role == "actor" else None,
+    )
+
+
+def lora_spec(config: Any) -> LoraSpec | None:
+    """The actor's :class:`~rlcore.api.LoraSpec` from ``actor.lora``, or None when ``rank`` is 0."""
+    lora = config.actor.lora
+    if lora.rank == 0:
+        return None
+    targets = lora.target_modules
+    return LoraSpec(
+        rank=lora.rank,
+        alpha=float(lora.alpha),
+        target_modules=targets if isinstance(targets, str) else tuple(targets),
+        dropout=float(lora.dropout),
     )
 
 
@@ -84,6 +99,8 @@ def rollout_spec(config: Any) -> RolloutSpec:
         max_model_len=config.data.max_prompt_length + config.rollout.max_response_length,
         gpu_memory_utilization=config.rollout.gpu_memory_utilization,
         seed=config.trainer.seed,
+        lora=lora_spec(config) if config.actor.lora.sync != "merged" else None,
+        lora_sync=config.actor.lora.sync if config.actor.lora.sync != "merged" else "auto",
     )
 
 

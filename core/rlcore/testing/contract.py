@@ -415,6 +415,41 @@ class TrainEngineContract:
             msg=_context("after one more step each, log_probs of the released/resumed engine differ"),
         )
 
+    def test_lora_adapter(self, make_train_engine):
+        """Engines with ``supports_lora`` (others skip): a fresh adapter computes the base model; training
+        moves the adapted log-probs and leaves ``base_log_probs`` on the base; ``export_adapter`` streams
+        ``<module>.lora_A/B.weight`` only; ``export_weights`` (merged) keeps the base model's names."""
+        from rlcore.adapters import is_adapter_name
+        from rlcore.api import LoraSpec
+
+        full = make_train_engine()
+        if not getattr(full, "supports_lora", False):
+            pytest.skip(f"{type(full).__name__} does not train LoRA adapters (supports_lora is False)")
+        engine = make_train_engine(lora=LoraSpec(rank=4, alpha=8.0), lr=self.train_lr)
+        batch = self.batch()
+        base = full.infer(batch, ["log_probs"])["log_probs"]
+        fresh = engine.infer(batch, ["log_probs", "base_log_probs"])
+        for key in ("log_probs", "base_log_probs"):
+            torch.testing.assert_close(
+                fresh[key], base, rtol=0, atol=self.layout_atol, msg=_context(f"{key} of a fresh adapter")
+            )
+        for _ in range(self.train_steps):
+            engine.train_step(batch, token_nll_loss)
+        trained = engine.infer(batch, ["log_probs", "base_log_probs"])
+        torch.testing.assert_close(
+            trained["base_log_probs"],
+            base,
+            rtol=0,
+            atol=self.layout_atol,
+            msg=_context("base_log_probs after training"),
+        )
+        assert float((trained["log_probs"] - base).abs().max()) > 1e-3, "training the adapter changed nothing"
+        adapter = [name for name, _ in assemble(engine.export_adapter(torch.float32, 1 << 20))]
+        assert adapter and all(is_adapter_name(n) for n in adapter), f"export_adapter streamed {adapter[:4]}"
+        merged = {name for name, _ in assemble(engine.export_weights(torch.float32, 1 << 20))}
+        plain = {name for name, _ in assemble(full.export_weights(torch.float32, 1 << 20))}
+        assert merged == plain, f"merged weights name {sorted(merged ^ plain)[:4]} unlike the full engine's"
+
     def test_export_hf(self, make_train_engine, tmp_path):
         from safetensors.torch import load_file
 

@@ -34,6 +34,7 @@ CORE_LAYERS: tuple[tuple[str, tuple[str, ...]], ...] = (
         (
             "rlcore.kernels",
             "rlcore.weights",
+            "rlcore.adapters",
             "rlcore.safe_dcp",
             "rlcore.telemetry",
             "rlcore.data",
@@ -65,6 +66,7 @@ PUBLIC = frozenset(
         "rlcore.testing",
         "rlcore.devices",
         "rlcore.weights",
+        "rlcore.adapters",
         "rlcore.safe_dcp",
         "rlcore.kernels",
         "rlcore.transports",

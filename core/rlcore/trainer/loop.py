@@ -20,6 +20,7 @@ from typing import Any
 import attrs
 
 from rlcore.api import Batch
+from rlcore.cluster.roles import AdapterOffReference
 from rlcore.config.specs import max_staleness, rollout_chunk_tokens
 from rlcore.flows import resolve_preset
 from rlcore.flows.context import MemoryPlan, StepContext
@@ -91,6 +92,10 @@ class Trainer:
         self.reward = self._rule_reward()
 
         extra = [r for r in ("critic", "reference") if r in {*self.algorithm.roles, *self.preset.roles}]
+        # A LoRA actor is its own reference: the base with the adapter off (no second model).
+        adapter_reference = "reference" in extra and cfg.actor.lora.rank > 0
+        if adapter_reference:
+            extra.remove("reference")
         if cfg.reward_model.enabled:
             extra.append("reward_model")
         self.roles, rollout = build_roles(cfg, ["actor", *extra], self._closers.append)
@@ -121,7 +126,7 @@ class Trainer:
             ),
             next_prompts=self.next_prompts,
             critic=self.roles.get("critic"),
-            reference=self.roles.get("reference"),
+            reference=AdapterOffReference(actor) if adapter_reference else self.roles.get("reference"),
             kl_ctrl=make_kl_controller(**attrs.asdict(self.preset.kl_ctrl))
             if self.preset.use_kl_in_reward
             else None,

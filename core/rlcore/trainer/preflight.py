@@ -62,6 +62,26 @@ def _component_problems(config: Any) -> Iterator[str]:
             problem = _import_problem(key, registry_key, name)
             if problem:
                 yield problem
+    yield from _lora_problems(config)
+
+
+def _lora_problems(config: Any) -> Iterator[str]:
+    """``actor.lora`` needs a train engine that trains adapters, and ``sync: adapter`` a rollout that
+    loads them (the rollout can only be asked once built: its worker refuses then)."""
+    from rlcore.plugins import registry
+
+    if config.actor.lora.rank == 0:
+        return
+    try:
+        engine = registry("train_engines").get(config.engine)
+    except RegistryError:
+        return  # reported above
+    if not getattr(engine, "supports_lora", False):
+        label = registry("train_engines").entry(config.engine).label
+        yield (
+            f"'actor.lora.rank': {config.actor.lora.rank}, but train engine {label} does not train LoRA "
+            "adapters; use --engine fsdp, or actor.lora.rank=0 to train the full model"
+        )
 
 
 def _algorithm_problems(config: Any) -> Iterator[str]:

@@ -5,7 +5,7 @@ import pickle
 
 import pytest
 import torch
-from rlcore.api import Batch, EngineSpec, RolloutSpec, SamplingParams
+from rlcore.api import Batch, EngineSpec, LoraSpec, RolloutSpec, SamplingParams
 from rlcore.cluster import RolloutWorker, TrainWorker, WorkerError
 from rlcore.cluster.wire import WireBatch
 from rlcore.cluster.workers import transport_config_for
@@ -63,6 +63,12 @@ def test_an_unknown_engine_fails_while_the_worker_is_built():
         WorkerError, match=r"actor rank 0 failed in __init__: RegistryError: unknown train engine 'nope'"
     ):
         TrainWorker("actor", "nope", EngineSpec(model_path=""), device="cpu")
+
+
+def test_a_lora_spec_is_refused_by_an_engine_that_trains_no_adapters():
+    spec = EngineSpec(model_path="", lora=LoraSpec(rank=4))
+    with pytest.raises(WorkerError, match=r"actor\.lora\.rank=4: train engine 'fake'.*does not train LoRA"):
+        TrainWorker("actor", "fake", spec, device="cpu")
 
 
 def test_engine_config_defaults_to_the_registered_config_class():

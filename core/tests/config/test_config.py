@@ -248,6 +248,20 @@ def test_check_run_refuses_what_the_hybrid_placement_cannot_do():
     assert "'transport.name': with trainer.placement=hybrid" in message and "'ray'" in message
 
 
+def test_check_run_refuses_lora_on_an_engine_without_adapters():
+    from rlcore.trainer.preflight import check_run
+
+    check_run(load_config(overrides=["actor.lora.rank=8"]))  # fsdp trains adapters
+    with pytest.raises(
+        ConfigError, match=r"'actor\.lora\.rank': 8, but train engine 'fake'.*does not train LoRA"
+    ):
+        check_run(load_config(overrides=["engine=fake", "rollout.engine=fake", "actor.lora.rank=8"]))
+    with pytest.raises(ConfigError, match=r"actor\.lora\.sync.*must be one of auto, adapter, merged"):
+        load_config(overrides=["actor.lora.rank=8", "actor.lora.sync=half"])
+    with pytest.raises(ConfigError, match=r"actor\.lora\.target_modules"):
+        load_config(overrides=["actor.lora.rank=8", "actor.lora.target_modules=[]"])
+
+
 def test_check_run_names_every_problem_it_finds(tmp_path):
     from rlcore.trainer.preflight import check_run
 

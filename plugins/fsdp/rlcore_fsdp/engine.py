@@ -13,17 +13,22 @@ steps AdamW with the warm-up/cosine schedule (:mod:`rlcore_fsdp.schedule`).
 
 from __future__ import annotations
 
+import json
 import math
 from collections import defaultdict
 from collections.abc import Iterator, Sequence
+from pathlib import Path
 from typing import Any
 
+import attrs
 import torch
 import torch.distributed as dist
+from rlcore.adapters import adapter_name, write_peft_adapter
 from rlcore.api import Batch, DistInfo, EngineSpec, LossFn, TrainEngine, WeightBucket
 from rlcore.kernels.micro_batches import plan_micro_batches
 from rlcore.weights import bucketize
 from torch.distributed.checkpoint.state_dict import (
+    StateDictOptions,
     get_model_state_dict,
     get_state_dict,
     set_model_state_dict,
@@ -34,15 +39,23 @@ from torch.distributed.fsdp import FSDPModule
 from torch.distributed.tensor import DTensor
 
 from rlcore_fsdp import attention as varlen_attention
-from rlcore_fsdp.checkpoint import load_sharded, save_sharded, write_atomically, write_hf_folder
+from rlcore_fsdp import lora
+from rlcore_fsdp.checkpoint import (
+    METADATA_FILE,
+    load_sharded,
+    save_sharded,
+    write_atomically,
+    write_hf_folder,
+)
 from rlcore_fsdp.config import PACKING_ATTENTION, FSDPConfig
 from rlcore_fsdp.micro_batches import ModelInputs, build_inputs, equalize, token_costs
 from rlcore_fsdp.model import HeadedModel, load_hf_model, torch_dtype
 from rlcore_fsdp.parallelize import parallelize
 from rlcore_fsdp.schedule import check_schedule, lr_factor
 
-#: What :meth:`FSDPEngine.infer` can return per head.
+#: What :meth:`FSDPEngine.infer` can return per head (``base_log_probs``: a LoRA engine's base model).
 HEAD_OUTPUTS = {"lm": ("log_probs", "entropy"), "value": ("values",), "score": ("scores",)}
+LORA_OUTPUTS = ("base_log_probs",)
 RELEASE_TAGS = ("weights", "grads", "optimizer")
 
 
@@ -76,6 +89,7 @@ class FSDPEngine(TrainEngine):
 
     config_class = FSDPConfig
     heads = tuple(HEAD_OUTPUTS)
+    supports_lora = True
 
     @classmethod
     def activation_dtype(cls, spec: EngineSpec, config: FSDPConfig | None) -> str:
@@ -124,6 +138,9 @@ class FSDPEngine(TrainEngine):
             else config.attn_implementation
         )
         hf = load_hf_model(spec.model_path, spec.head, self.param_dtype, attn, spec.seed)
+        # {adapted module: scale}; empty without LoRA. Injected before sharding, so FSDP shards the
+        # adapter with its layer.
+        self._lora_scales = lora.add_adapter(hf, spec.lora, spec.seed) if spec.lora is not None else {}
         # Names sharing a parameter with an earlier name (tied lm_head): {later name: earlier name}.
         first_name: dict[int, str] = {}
         self._tied: dict[str, str] = {}
@@ -217,12 +234,31 @@ class FSDPEngine(TrainEngine):
             outputs = [outputs]
         allowed = HEAD_OUTPUTS[self.spec.head]
         unknown = [o for o in outputs if o not in allowed]
-        if unknown:
+        base = [o for o in outputs if o in LORA_OUTPUTS]
+        if base and not self._lora_scales:
+            raise ValueError(
+                f"infer outputs {base} need a LoRA adapter (EngineSpec.lora); this engine has none"
+            )
+        if unknown and unknown != base:
             raise ValueError(
                 f"infer outputs {unknown} are not available with head {self.spec.head!r}; allowed: {list(allowed)}"
             )
         self._check_resident("infer", ("weights",))
         self.module.eval()
+        result: dict[str, torch.Tensor] = {}
+        adapted = [o for o in outputs if o not in LORA_OUTPUTS]
+        if adapted:
+            result.update(self._infer_pass(batch, adapted))
+        if base:
+            lora.set_adapter_enabled(self.module, False)
+            try:
+                base_out = self._infer_pass(batch, ["log_probs"])
+            finally:
+                lora.set_adapter_enabled(self.module, True)
+            result["base_log_probs"] = base_out["log_probs"]
+        return Batch(result)
+
+    def _infer_pass(self, batch: Batch, outputs: Sequence[str]) -> dict[str, torch.Tensor]:
         result: dict[str, torch.Tensor] = {}
         with torch.no_grad():
             for part in self._micro_batches(batch):
@@ -237,14 +273,21 @@ class FSDPEngine(TrainEngine):
                     if key not in result:
                         result[key] = value.new_zeros((len(batch), *value.shape[1:]))
                     result[key][rows] = value
-        return Batch(result)
+        return result
 
     def export_weights(self, dtype: torch.dtype, bucket_bytes: int) -> Iterator[WeightBucket]:
         """Full weights in HF names and ``dtype`` (on the engine's device), ``lm_head.weight`` included
         even when tied (vLLM-CPU keeps its own copy). Gathered one tensor at a time as the iterator is
-        consumed: every rank must consume it to the end."""
+        consumed: every rank must consume it to the end. With LoRA: the merged weights ``W + scale * B A``."""
         self._check_resident("export_weights", ("weights",))
         return bucketize(self._full_tensors(dtype, with_tied=True), bucket_bytes)
+
+    def export_adapter(self, dtype: torch.dtype, bucket_bytes: int) -> Iterator[WeightBucket]:
+        """See :meth:`rlcore.api.TrainEngine.export_adapter`; gathered as :meth:`export_weights` is."""
+        if not self._lora_scales:
+            raise RuntimeError("export_adapter: this FSDP engine trains no LoRA adapter (EngineSpec.lora)")
+        self._check_resident("export_adapter", ("weights",))
+        return bucketize(self._adapter_tensors(dtype), bucket_bytes)
 
     def release(self, tags: Sequence[str]) -> None:
         """Move ``"weights"`` / ``"optimizer"`` state to CPU memory and drop ``"grads"`` (which hold
@@ -276,6 +319,8 @@ class FSDPEngine(TrainEngine):
             "world_size": self.dist.world_size,
             "head": self.spec.head,
             "model_path": self.spec.model_path,
+            # A LoRA checkpoint holds the adapter and its optimizer state only; the base is model_path.
+            "lora": attrs.asdict(self.spec.lora) if self.spec.lora is not None else None,
         }
         save_sharded(state, path, meta)
         self._forget_initialised_optimizer_state()
@@ -283,34 +328,50 @@ class FSDPEngine(TrainEngine):
     def load_checkpoint(self, path: str) -> None:
         """Restore what :meth:`save_checkpoint` wrote (any world size: DCP re-shards). Collective."""
         self._check_resident("load_checkpoint", ("weights", "optimizer"))
+        self._check_checkpoint_lora(path)
         state = self._checkpoint_state()
         load_sharded(state, path)
         if self.optimizer is not None:
             set_state_dict(
-                self.module, self.optimizer, model_state_dict=state["model"], optim_state_dict=state["optim"]
+                self.module,
+                self.optimizer,
+                model_state_dict=state["model"],
+                optim_state_dict=state["optim"],
+                options=self._state_options(),
             )
         else:
-            set_model_state_dict(self.module, state["model"])
+            set_model_state_dict(self.module, state["model"], options=self._state_options())
         self.step = int(state["trainer"]["step"])
         self._forget_initialised_optimizer_state()
 
     def export_hf(self, path: str) -> None:
         """An HF model folder (config, safetensors in ``EngineSpec.dtype``, tokenizer files from the model
-        folder) that transformers and vLLM load; tied weights are written once, as HF does. Collective."""
+        folder) that transformers and vLLM load; tied weights are written once, as HF does. Collective.
+        With LoRA the folder holds the merged model, and its ``adapter/`` subfolder the PEFT adapter
+        (``peft.PeftModel.from_pretrained(base, path + "/adapter")``)."""
         self._check_resident("export_hf", ("weights",))
         tensors = {}
         for name, tensor in self._full_tensors(self.param_dtype, with_tied=False):
             if dist.get_rank() == 0:
                 tensors[name] = tensor.cpu()
+        adapter = {}
+        if self._lora_scales:
+            for name, tensor in self._adapter_tensors(self.param_dtype):
+                if dist.get_rank() == 0:
+                    adapter[name] = tensor.cpu()
         hf = self.module.hf
         config = hf.config.__class__.from_dict(hf.config.to_dict())
         config.architectures = [type(hf).__name__]
         config.dtype = self.param_dtype
-        write_atomically(
-            path,
-            lambda folder: write_hf_folder(folder, tensors, config, self.spec.model_path),
-            rank0_only=True,
-        )
+
+        def write(folder):
+            write_hf_folder(folder, tensors, config, self.spec.model_path)
+            if adapter:
+                write_peft_adapter(
+                    folder / lora.ADAPTER_FOLDER, adapter, self.spec.lora, self.spec.model_path
+                )
+
+        write_atomically(path, write, rank0_only=True)
 
     def close(self) -> None:
         """Destroy the process group if this engine created it (call once, when the worker ends)."""
@@ -363,20 +424,39 @@ class FSDPEngine(TrainEngine):
             out[key] = sum(g[1].get(key, 0.0) for g in gathered) / max(n, 1)
         return out
 
-    def _full_tensors(self, dtype: torch.dtype, with_tied: bool) -> Iterator[tuple[str, torch.Tensor]]:
-        """``(hf_name, full tensor)`` one at a time (an all-gather each), floating tensors cast to ``dtype``."""
+    def _gathered(self) -> Iterator[tuple[str, torch.Tensor | None]]:
+        """The model's state dict in order, each tensor gathered whole (an all-gather each); ``None`` for
+        names tied to an earlier one."""
         self._reshard()
+        for name, tensor in self.module.hf.state_dict().items():
+            if name in self._tied:
+                yield name, None
+                continue
+            if isinstance(tensor, DTensor):
+                tensor = tensor.to(self.device).full_tensor()  # offloaded shards gather on the device
+            yield name, tensor.detach()
+
+    def _adapter_tensors(self, dtype: torch.dtype) -> Iterator[tuple[str, torch.Tensor]]:
+        """``(<module>.lora_A.weight, [r, in])`` and ``(<module>.lora_B.weight, [out, r])`` in ``dtype``."""
+        for name, tensor in self._gathered():
+            module, part = lora.split_name(name)
+            if part in ("A", "B"):
+                yield adapter_name(module, part), tensor.to(dtype)
+
+    def _full_tensors(self, dtype: torch.dtype, with_tied: bool) -> Iterator[tuple[str, torch.Tensor]]:
+        """``(hf_name, full tensor)`` one at a time (an all-gather each), floating tensors cast to ``dtype``;
+        adapters merged into their base weights."""
         state = self.module.hf.state_dict()
+        named = self._gathered()
+        if self._lora_scales:
+            named = lora.merged(named, self._lora_scales)
         wanted_later = set(self._tied.values()) if with_tied else set()
         kept: dict[str, torch.Tensor] = {}
-        for name, tensor in state.items():
+        for name, tensor in named:
             if name in self._tied:
                 if with_tied:
                     yield name, kept.pop(self._tied[name])
                 continue
-            if isinstance(tensor, DTensor):
-                tensor = tensor.to(self.device).full_tensor()  # offloaded shards gather on the device
-            tensor = tensor.detach()
             if tensor.is_floating_point():
                 tensor = tensor.to(dtype)
             if name in wanted_later:
@@ -386,12 +466,35 @@ class FSDPEngine(TrainEngine):
             if with_tied and name not in state:
                 yield name, kept.pop(source)
 
+    def _state_options(self) -> StateDictOptions:
+        """A LoRA engine saves and loads the adapter only: the frozen base comes from the model folder."""
+        lora_only = bool(self._lora_scales)
+        return StateDictOptions(ignore_frozen_params=lora_only, strict=not lora_only)
+
+    def _check_checkpoint_lora(self, path: str) -> None:
+        """Refuse a checkpoint written with other LoRA settings (an adapter of another rank, or full
+        weights into an adapter engine), naming both, before DCP fails on mismatched keys."""
+        note = Path(path) / METADATA_FILE
+        if not note.is_file():
+            return
+        saved = json.loads(note.read_text()).get("lora")
+        mine = self.spec.lora.rank if self.spec.lora is not None else None
+        if (saved["rank"] if saved else None) != mine:
+            raise ValueError(
+                f"checkpoint {path} was written with actor.lora.rank={saved['rank'] if saved else 0}, but this "
+                f"run has actor.lora.rank={mine or 0}; resume with the checkpoint's LoRA settings"
+            )
+
     def _checkpoint_state(self) -> dict:
         self._reshard()
+        options = self._state_options()
         if self.optimizer is not None:
-            model_state, optim_state = get_state_dict(self.module, self.optimizer)
+            model_state, optim_state = get_state_dict(self.module, self.optimizer, options=options)
         else:
-            model_state, optim_state = get_model_state_dict(self.module), {}
+            model_state, optim_state = get_model_state_dict(self.module, options=options), {}
+        if self._lora_scales:
+            # ignore_frozen_params keeps a frozen tied weight (lm_head) under its second name: drop it.
+            model_state = {k: v for k, v in model_state.items() if ".lora_A." in k or ".lora_B." in k}
         return {"model": model_state, "optim": optim_state, "trainer": {"step": torch.tensor(self.step)}}
 
     def _forget_initialised_optimizer_state(self) -> None:

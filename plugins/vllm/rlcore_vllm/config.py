@@ -34,6 +34,10 @@ OWNED_ENGINE_ARGS = frozenset(
         "kv_cache_memory_bytes",
         "logprobs_mode",
         "worker_extension_cls",
+        # from actor.lora (rlcore_vllm.adapters)
+        "enable_lora",
+        "max_loras",
+        "max_lora_rank",
     }
 )
 

@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import itertools
 import logging
 import os
 from collections.abc import Iterable, Iterator, Sequence
@@ -27,6 +28,7 @@ from concurrent.futures import Future
 from typing import Any
 
 import torch
+from rlcore.adapters import is_adapter_name
 from rlcore.api import (
     ROLLOUT_TAGS,
     Completion,
@@ -41,8 +43,9 @@ from rlcore.api import (
     request_seeds,
     rollout_dtype,
 )
+from rlcore.weights import assemble
 
-from rlcore_vllm import memory
+from rlcore_vllm import adapters, memory
 from rlcore_vllm.config import CPU_MAX_NUM_SEQS, VLLMConfig
 from rlcore_vllm.engine_loop import EngineLoop
 from rlcore_vllm.sampling import to_completion, to_vllm
@@ -100,6 +103,7 @@ class VLLMRollout(RolloutEngine):
     """Generation with vLLM over one model replica (``tensor_parallel_size`` devices)."""
 
     config_class = VLLMConfig
+    supports_lora_adapters = True
 
     def __init__(
         self, spec: RolloutSpec, config: VLLMConfig | None = None, platform: DevicePlatform | None = None
@@ -108,9 +112,13 @@ class VLLMRollout(RolloutEngine):
         super().__init__(spec, config, platform)
         self.dtype = rollout_dtype(spec.dtype)
         self.sleep_mode = sleep_mode_supported(self.platform)
+        #: The LoRA adapter requests generate with, when the policy trains one (:mod:`rlcore_vllm.adapters`).
+        self.adapter = adapters.AdapterSlot(spec) if adapters.serves_adapters(spec) else None
         _THREADS.enter()
         try:
-            self._loop = EngineLoop(lambda: _build_llm(spec, config, self.sleep_mode), reseed=_reseed)
+            self._loop = EngineLoop(
+                lambda: _build_llm(spec, config, self.sleep_mode, self.adapter is not None), reseed=_reseed
+            )
         except BaseException:
             _THREADS.exit()
             raise
@@ -233,6 +241,14 @@ class VLLMRollout(RolloutEngine):
             raise RuntimeError(
                 "vllm rollout: weights are released; call resume(['weights']) before load_weights"
             )
+        buckets = iter(buckets)
+        first = next(buckets, None)
+        if first is None:
+            return
+        buckets = itertools.chain([first], buckets)
+        if first and is_adapter_name(first[0][0]):
+            self._load_adapter(buckets)
+            return
         stream = StreamFilter(self.weights, buckets, self.dtype)
         with self._loop.exclusive() as llm:
             try:
@@ -252,6 +268,25 @@ class VLLMRollout(RolloutEngine):
                         _reset_prefix_cache(llm)
                         self._prefix_cache_dirty = False
         stream.raise_if_failed()
+
+    def loads_adapters(self) -> bool:
+        """See :meth:`rlcore.api.RolloutEngine.loads_adapters` and :func:`rlcore_vllm.adapters.serves_adapters`."""
+        return self.adapter is not None
+
+    def _load_adapter(self, buckets: Iterable[WeightBucket]) -> None:
+        """An adapter stream (``spec.lora``): it replaces the adapter later requests generate with."""
+        if self.adapter is None:
+            raise ValueError(
+                "vllm rollout: received LoRA adapter tensors, but this engine was built without "
+                "room for adapters (RolloutSpec.lora, and lora_sync=adapter on vLLM's CPU build); send merged "
+                "weights (actor.lora.sync=merged)"
+            )
+        tensors = [(name, t.to(self.dtype)) for name, t in assemble(buckets)]
+        with self._loop.exclusive() as llm:
+            self._loop.lora_request = self.adapter.load(llm, tensors)
+            if self._prefix_cache_dirty and self.config.reset_prefix_cache_after_load:
+                _reset_prefix_cache(llm)
+                self._prefix_cache_dirty = False
 
     # -- memory ----------------------------------------------------------------------------------
     def release(self, tags: Sequence[str]) -> None:
@@ -303,6 +338,8 @@ class VLLMRollout(RolloutEngine):
         self._closed = True
         self._loop.close()
         self._loop.llm.llm_engine.engine_core.shutdown()
+        if self.adapter is not None:
+            self.adapter.close()
         _THREADS.exit()
 
 
@@ -328,7 +365,7 @@ class _SetNumThreadsGuard:
 _THREADS = _SetNumThreadsGuard()
 
 
-def _build_llm(spec: RolloutSpec, config: VLLMConfig, sleep_mode: bool):
+def _build_llm(spec: RolloutSpec, config: VLLMConfig, sleep_mode: bool, lora: bool = False):
     import vllm
 
     kwargs: dict[str, Any] = dict(
@@ -343,6 +380,7 @@ def _build_llm(spec: RolloutSpec, config: VLLMConfig, sleep_mode: bool):
         enable_sleep_mode=sleep_mode,
         logprobs_mode=config.logprobs_mode,
         worker_extension_cls=EXTENSION,
+        **(adapters.engine_kwargs(spec) if lora else {}),
         **config.engine_kwargs,
     )
     num_seqs = max_num_seqs(config)

@@ -81,6 +81,9 @@ class EngineLoop:
         self._failure: BaseException | None = None
         self._ids = itertools.count()
         self._backlog: collections.deque = collections.deque()  # commands taken from the inbox, in order
+        #: ``LoRARequest`` every request added from now on generates with (None: the base model); set
+        #: while the thread is parked (:meth:`exclusive`), so requests in flight keep the one they began with.
+        self.lora_request: Any = None
         started: Future = Future()
         self._thread = threading.Thread(target=self._run, args=(build, started), name=name, daemon=True)
         self._thread.start()
@@ -214,7 +217,12 @@ class EngineLoop:
         if command.future.cancelled():
             return
         try:
-            engine.add_request(command.request_id, {"prompt_token_ids": command.prompt}, command.params)
+            engine.add_request(
+                command.request_id,
+                {"prompt_token_ids": command.prompt},
+                command.params,
+                lora_request=self.lora_request,
+            )
         except Exception as exc:
             _resolve(command.future, exc)
         else:
