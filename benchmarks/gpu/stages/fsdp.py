@@ -50,7 +50,24 @@ _S = "--models qwen2.5-0.5b --gpus 2 --systems fsdp-mp-varlen-compile --no-resha
 _M = f"{TUNED_1_5B} --tokens-per-step 262144 --steps 3 --warmup 2"
 _F = "--tokens-per-step 65536 --max-tokens-per-micro-batch 16384 --steps 5 --warmup 3 --no-reshard-after-forward"
 
+#: LoRA against full fine-tuning (issue 37): the 1.5B shape at the FSDP engine's defaults (fp32
+#: parameters, bf16 mixed precision as RL runs use, padded micro-batches) and tuned (var-len), each full
+#: and with a rank-64 adapter on every linear layer; same workload, one process per run.
+_LORA = "--models qwen2.5-1.5b --gpus 1 --tokens-per-step 65536 --max-tokens-per-micro-batch 16384 --steps 5 --warmup 2"
+_LORA_RUNS = [
+    (f"lora-vs-full-{system}-{label}", 200, f"{_LORA} --systems {system} --lora-rank {rank}")
+    for system in ("fsdp-mp", "fsdp-mp-varlen")
+    for label, rank in (("full", 0), ("lora64", 64))
+]
+
 STAGES = [
+    _stage("lora-vs-full-1.5b", "1.5B: full fine-tuning against a rank-64 LoRA adapter", 480, _LORA_RUNS),
+    _stage(
+        "lora-vs-full-1.5b-again",
+        "the re-run of lora-vs-full-1.5b (same machine, fresh processes)",
+        480,
+        [(name.replace("lora-vs-full", "lora-vs-full-again"), t, a) for name, t, a in _LORA_RUNS],
+    ),
     _stage(
         "small",
         "0.5B: naive HF, the engine with mixed precision and var-len, bf16 var-len",

@@ -1,0 +1,70 @@
+"""Runs on the one real pretrained model (issue 37): the addition recipe on SmolLM2-135M-Instruct.
+
+The model comes from the ``smollm2`` bundle (the registry package's GGUF file), dequantized on the machine
+by ``builtin:smollm2-135m-instruct`` as it is here; vLLM from the ``vllm`` bundle. ``benchmarks/smollm2_task_cpu.py``
+runs ``rlcore train`` and reports held-out accuracy before and after, as on the CPU.
+"""
+
+from __future__ import annotations
+
+import shutil
+from pathlib import Path
+
+from ..actions import PY, Ctx, Do, Run, words
+from .base import Stage
+
+# `rlcore` without its console script (pip --target puts it in /tmp/proj/bin, off PATH).
+RLCORE = f"{PY} -c 'import sys; from rlcore.cli.main import main; sys.exit(main())'"
+#: The GPU recipe: the CPU recipe's model, task, algorithm and sampling, with a larger batch and more
+#: steps (64 problems x 8 samples, 30 steps, validation every 5).
+GPU_RECIPE = "data.train_batch_size=64 trainer.total_steps=30 trainer.val_freq=5"
+
+
+def _task(name: str, overrides: str):
+    def build(ctx: Ctx) -> list:
+        results = Path(ctx.res)
+
+        def keep(ctx: Ctx) -> None:
+            for suffix in ("json", "png"):
+                src = Path("benchmarks/results/smollm2-task-gpu") / f"{name}.{suffix}"
+                if src.is_file():
+                    shutil.copyfile(src, results / src.name)
+
+        argv = (
+            PY,
+            "benchmarks/smollm2_task_cpu.py",
+            "--name",
+            name,
+            "--row",
+            f"smollm2-task-accuracy-h100-{name}",
+            "--results",
+            "benchmarks/results/smollm2-task-gpu",
+            "--rlcore",
+            RLCORE,
+            *words(f"{GPU_RECIPE} {overrides}"),
+        )
+        return [Run(f"smollm2-{name}", 540, argv, tail=30), Do(f"copy {name}.json/.png into RES", keep)]
+
+    return build
+
+
+def _stage(name: str, doc: str, overrides: str = "") -> Stage:
+    return Stage(
+        f"smollm2-task-{name}",
+        doc,
+        "benchmarks/smollm2_task_cpu.py",
+        400,
+        _task(name, overrides),
+        bundles=("vllm", "smollm2"),
+    )
+
+
+STAGES = [
+    _stage("full", f"the addition recipe on one GPU, full fine-tuning: {GPU_RECIPE}"),
+    _stage("full-rerun", "its re-run with trainer.seed=1", "trainer.seed=1"),
+    _stage(
+        "lora",
+        "the same with a rank-16 LoRA adapter, in bf16 (vLLM's GPU LoRA kernels take no fp32): the adapter-only sync",
+        "actor.lora.rank=16 actor.lora.alpha=32 actor.optim.lr=2e-4 model.dtype=bfloat16",
+    ),
+]
