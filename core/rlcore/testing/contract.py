@@ -416,15 +416,18 @@ class TrainEngineContract:
         )
 
     def test_lora_adapter(self, make_train_engine):
-        """Engines with ``supports_lora`` (others skip): a fresh adapter computes the base model; training
-        moves the adapted log-probs and leaves ``base_log_probs`` on the base; ``export_adapter`` streams
-        ``<module>.lora_A/B.weight`` only; ``export_weights`` (merged) keeps the base model's names."""
+        """Engines with ``supports_lora``: a fresh adapter computes the base model; training moves the
+        adapted log-probs and leaves ``base_log_probs`` on the base; ``export_adapter`` streams
+        ``<module>.lora_A/B.weight`` only; ``export_weights`` (merged) keeps the base model's names.
+        Engines without: they export no adapter (runs refuse ``actor.lora`` for them by the flag)."""
         from rlcore.adapters import is_adapter_name
         from rlcore.api import LoraSpec
 
         full = make_train_engine()
         if not getattr(full, "supports_lora", False):
-            pytest.skip(f"{type(full).__name__} does not train LoRA adapters (supports_lora is False)")
+            with pytest.raises(NotImplementedError):
+                full.export_adapter(torch.float32, 1 << 20)
+            return
         engine = make_train_engine(lora=LoraSpec(rank=4, alpha=8.0), lr=self.train_lr)
         batch = self.batch()
         base = full.infer(batch, ["log_probs"])["log_probs"]

@@ -217,11 +217,10 @@ class EngineLoop:
         if command.future.cancelled():
             return
         try:
+            # The adapter only when there is one: engines (and test doubles) without LoRA keep their call.
+            lora = {"lora_request": self.lora_request} if self.lora_request is not None else {}
             engine.add_request(
-                command.request_id,
-                {"prompt_token_ids": command.prompt},
-                command.params,
-                lora_request=self.lora_request,
+                command.request_id, {"prompt_token_ids": command.prompt}, command.params, **lora
             )
         except Exception as exc:
             _resolve(command.future, exc)
