@@ -424,11 +424,13 @@ class FSDPEngine(TrainEngine):
             out[key] = sum(g[1].get(key, 0.0) for g in gathered) / max(n, 1)
         return out
 
-    def _gathered(self) -> Iterator[tuple[str, torch.Tensor | None]]:
+    def _gathered(self, keep=None) -> Iterator[tuple[str, torch.Tensor | None]]:
         """The model's state dict in order, each tensor gathered whole (an all-gather each); ``None`` for
-        names tied to an earlier one."""
+        names tied to an earlier one. ``keep(name)``: only those names (the others are not gathered)."""
         self._reshard()
         for name, tensor in self.module.hf.state_dict().items():
+            if keep is not None and not keep(name):
+                continue
             if name in self._tied:
                 yield name, None
                 continue
@@ -438,10 +440,9 @@ class FSDPEngine(TrainEngine):
 
     def _adapter_tensors(self, dtype: torch.dtype) -> Iterator[tuple[str, torch.Tensor]]:
         """``(<module>.lora_A.weight, [r, in])`` and ``(<module>.lora_B.weight, [out, r])`` in ``dtype``."""
-        for name, tensor in self._gathered():
-            module, part = lora.split_name(name)
-            if part in ("A", "B"):
-                yield adapter_name(module, part), tensor.to(dtype)
+        # Only the adapter is gathered: an adapter sync must not all-gather the frozen base.
+        for name, tensor in self._gathered(keep=lambda n: lora.split_name(n)[1] in ("A", "B")):
+            yield adapter_name(*lora.split_name(name)), tensor.to(dtype)
 
     def _full_tensors(self, dtype: torch.dtype, with_tied: bool) -> Iterator[tuple[str, torch.Tensor]]:
         """``(hf_name, full tensor)`` one at a time (an all-gather each), floating tensors cast to ``dtype``;
