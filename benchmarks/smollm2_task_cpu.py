@@ -1,13 +1,16 @@
-"""Does RL make a real model better? SmolLM2-135M-Instruct on the built-in ``addition`` task, on this CPU.
+"""Does RL make a real model better? SmolLM2-135M-Instruct on a built-in task, on this CPU.
 
-Runs ``rlcore train data.train_files=[builtin:addition/train.jsonl]`` (the task's recipe: the real model,
+Runs ``rlcore train data.train_files=[builtin:TASK/train.jsonl]`` (the task's recipe: the real model,
 GRPO, greedy validation on 200 held-out problems before training and every ``val_freq`` steps) and
 reports held-out accuracy before -> after with 95% confidence intervals, the wall time, and the curve.
+``--task addition`` (the default) answers sums directly; ``--task tool_sum`` answers with the calculator
+tool (an agent run: docs/agents.md).
 
     python benchmarks/smollm2_task_cpu.py --name full            # the recipe as it is
     python benchmarks/smollm2_task_cpu.py --name full-rerun      # the independent re-run of a row
+    python benchmarks/smollm2_task_cpu.py --task tool_sum --name tool
 
-Writes ``benchmarks/results/smollm2-task/<name>.json`` (the command, the accuracy before and after, the
+Writes ``benchmarks/results/smollm2-task/<name>.json`` (``smollm2-tool-task/`` for ``tool_sum``) (the command, the accuracy before and after, the
 intervals, the wall time, every validation point) and ``<name>.png``; extra ``key=value`` arguments are
 passed to ``rlcore train``.
 """
@@ -27,8 +30,12 @@ from pathlib import Path
 
 from rlcore.telemetry.loggers import METRICS_FILE, read_metrics
 
-RESULTS = Path(__file__).resolve().parent / "results" / "smollm2-task"
-TASK = "data.train_files=[builtin:addition/train.jsonl]"
+RESULTS = Path(__file__).resolve().parent / "results"
+#: task -> (results folder, row name prefix, what the plot's y axis counts)
+TASKS = {
+    "addition": ("smollm2-task", "smollm2-task-accuracy-cpu-", "accuracy on 200 held-out sums"),
+    "tool_sum": ("smollm2-tool-task", "smollm2-tool-task-cpu-", "exact answers, 200 held-out (tool)"),
+}
 HELD_OUT = 200
 Z95 = 1.959964
 
@@ -50,6 +57,7 @@ def difference_interval(before: float, after: float, n: int) -> tuple[float, flo
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--task", choices=sorted(TASKS), default="addition", help="the built-in task")
     parser.add_argument("--name", default="full", help="result file name (and run name)")
     parser.add_argument(
         "--rlcore",
@@ -57,15 +65,18 @@ def main(argv: list[str] | None = None) -> int:
         help="the rlcore command (split like a shell line: the GPU stage runs it through python3 -c)",
     )
     parser.add_argument("--row", help="row name (default: smollm2-task-accuracy-cpu-NAME)")
-    parser.add_argument("--results", type=Path, default=RESULTS, help="where NAME.json and NAME.png go")
+    parser.add_argument("--results", type=Path, help="where NAME.json and NAME.png go")
     parser.add_argument("overrides", nargs="*", help="extra key=value overrides for rlcore train")
     args = parser.parse_args(argv)
+    folder, row_prefix, y_label = TASKS[args.task]
+    results = args.results or RESULTS / folder
+    task = f"data.train_files=[builtin:{args.task}/train.jsonl]"
 
     out = Path(tempfile.mkdtemp(prefix="smollm2-task-"))
     command = [
         *shlex.split(args.rlcore),
         "train",
-        TASK,
+        task,
         f"trainer.output_dir={out}",
         f"trainer.experiment_name={args.name}",
         *args.overrides,
@@ -84,8 +95,9 @@ def main(argv: list[str] | None = None) -> int:
     curve = [(r["step"], r["val/reward"]) for r in records if "val/reward" in r]
     (_, before), (s1, after) = curve[0], curve[-1]
     result = {
-        "row": args.row or f"smollm2-task-accuracy-cpu-{args.name}",
-        "command": "rlcore train " + " ".join([TASK, *args.overrides]),
+        "row": args.row or f"{row_prefix}{args.name}",
+        "task": args.task,
+        "command": "rlcore train " + " ".join([task, *args.overrides]),
         "held_out": HELD_OUT,
         "before": before,
         "after": after,
@@ -99,13 +111,13 @@ def main(argv: list[str] | None = None) -> int:
         "cpus": os.cpu_count(),
         "hardware": hardware(),
     }
-    args.results.mkdir(parents=True, exist_ok=True)
-    (args.results / f"{args.name}.json").write_text(json.dumps(result, indent=1) + "\n")
-    plot(result, args.results / f"{args.name}.png")
+    results.mkdir(parents=True, exist_ok=True)
+    (results / f"{args.name}.json").write_text(json.dumps(result, indent=1) + "\n")
+    plot(result, results / f"{args.name}.png", y_label)
     print(
         f"held-out accuracy {before:.3f} -> {after:.3f} ({result['gain_points']:+.1f} points, 95% CI "
         f"{result['gain_ci95_points'][0]:+.1f} .. {result['gain_ci95_points'][1]:+.1f}) in {s1} steps, "
-        f"{wall / 60:.1f} min wall; {args.results / (args.name + '.json')}"
+        f"{wall / 60:.1f} min wall; {results / (args.name + '.json')}"
     )
     return 0
 
@@ -119,7 +131,7 @@ def hardware() -> str:
     return f"{os.cpu_count()} CPUs"
 
 
-def plot(result: dict, path: Path) -> None:
+def plot(result: dict, path: Path, y_label: str) -> None:
     import matplotlib
 
     matplotlib.use("Agg")
@@ -131,10 +143,10 @@ def plot(result: dict, path: Path) -> None:
     ax.plot(steps, acc, marker="o", label="held-out accuracy (greedy)")
     ax.fill_between(steps, lo, hi, alpha=0.2, label="95% interval")
     ax.set_xlabel("GRPO step")
-    ax.set_ylabel(f"accuracy on {result['held_out']} held-out sums")
+    ax.set_ylabel(y_label)
     ax.set_ylim(0, 1)
     ax.set_title(
-        f"SmolLM2-135M-Instruct on addition, {result['wall_s'] / 60:.1f} min on "
+        f"SmolLM2-135M-Instruct on {result.get('task', 'addition')}, {result['wall_s'] / 60:.1f} min on "
         f"{result.get('hardware', str(result['cpus']) + ' CPUs')}",
         fontsize=10,
     )

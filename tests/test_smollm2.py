@@ -19,8 +19,7 @@ from rlcore.rollout.config import HFRolloutConfig
 from rlcore.rollout.hf import HFRollout
 from rlcore.testing.rollout_values import ReferenceLogits, check_log_probs
 
-# One worker builds the model once for the module (`make test` runs two workers).
-pytestmark = [pytest.mark.slow, pytest.mark.xdist_group("smollm2")]
+pytestmark = pytest.mark.slow
 
 QUESTIONS = ("What is 7 + 12?", "Name a colour.", "What is the capital of France?")
 #: fp32 engines against the float64 reference, through 30 layers of a 576-wide model and a 49152-way
@@ -209,3 +208,40 @@ def test_a_short_lora_grpo_run_trains_the_adapter_and_vllm_follows_it(model_path
         assert all(is_adapter_name(n) for n in adapter)
     finally:
         trainer.close()
+
+
+def test_the_tool_task_episode_is_laid_out_as_its_worked_example(model_path):
+    """``tool_sum`` teaches the call format by one worked example in the prompt; an episode the agent loop
+    builds with this model's tokenizer (the call turn's ids, the observation ids the loop appends, the
+    answer) must read exactly as that example does, and prompt and episode must fit the recipe."""
+    import asyncio
+
+    from rlcore.agents.observations import Observations
+    from rlcore.agents.tool_calls import parse_tool_calls
+    from rlcore.agents.tools import build_tools, call_tool
+    from rlcore.tasks import tool_sum
+    from transformers import AutoTokenizer
+
+    tokenizer = AutoTokenizer.from_pretrained(model_path)
+    recipe = tool_sum.RECIPE
+    observations = Observations(tokenizer, recipe["agent"]["max_tool_response_tokens"])
+    tools = build_tools(recipe["agent"]["tools"])
+    eos = [tokenizer.eos_token_id]
+
+    def episode(a: int, b: int) -> list[int]:
+        turn = tokenizer.encode(tool_sum.call(a, b), add_special_tokens=False) + eos
+        (call,) = parse_tool_calls(tool_sum.call(a, b))
+        result = asyncio.run(call_tool(tools, call))
+        appended = observations.ids([observations.message(result)], turn)
+        return turn + appended + tokenizer.encode(str(a + b), add_special_tokens=False) + eos
+
+    prompt_text = tokenizer.apply_chat_template(
+        tool_sum.rows("val")[0]["prompt"], tokenize=False, add_generation_prompt=True
+    )
+    assert tokenizer.decode(episode(*tool_sum.EXAMPLE)) in prompt_text
+    for row in tool_sum.rows("val")[:50]:
+        ids = tokenizer.apply_chat_template(row["prompt"], tokenize=True, add_generation_prompt=True)
+        ids = ids["input_ids"] if isinstance(ids, dict) or hasattr(ids, "keys") else ids
+        assert len(ids) <= recipe["data"]["max_prompt_length"]
+        a, b = row["extra_info"]["a"], row["extra_info"]["b"]
+        assert len(episode(a, b)) <= recipe["rollout"]["max_response_length"]

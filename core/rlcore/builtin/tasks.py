@@ -12,6 +12,7 @@ TASK_REWARDS = {
     "rlcore/copy_word": "rlcore.tasks.copy_word:compute_score",
     "rlcore/tool_add": "rlcore.tasks.tool_add:compute_score",
     "rlcore/addition": "rlcore.tasks.addition:compute_score",
+    "rlcore/tool_sum": "rlcore.tasks.tool_sum:compute_score",
 }
 
 

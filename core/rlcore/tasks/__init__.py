@@ -34,6 +34,7 @@ TASKS = {
     "copy_word": "rlcore.tasks.copy_word",
     "tool_add": "rlcore.tasks.tool_add",
     "addition": "rlcore.tasks.addition",
+    "tool_sum": "rlcore.tasks.tool_sum",
 }
 
 
