@@ -10,9 +10,9 @@ tool (an agent run: docs/agents.md).
     python benchmarks/smollm2_task_cpu.py --name full-rerun      # the independent re-run of a row
     python benchmarks/smollm2_task_cpu.py --task tool_sum --name tool
 
-Writes ``benchmarks/results/smollm2-task/<name>.json`` (``smollm2-tool-task/`` for ``tool_sum``) (the command, the accuracy before and after, the
-intervals, the wall time, every validation point) and ``<name>.png``; extra ``key=value`` arguments are
-passed to ``rlcore train``.
+Writes ``benchmarks/results/smollm2-task/<name>.json`` (``smollm2-tool-task/`` for ``tool_sum``: the
+command, the accuracy before and after, the intervals, the wall time, every validation point) and
+``<name>.png``; extra ``key=value`` arguments are passed to ``rlcore train``.
 """
 
 from __future__ import annotations
@@ -64,7 +64,7 @@ def main(argv: list[str] | None = None) -> int:
         default=str(Path(sys.executable).with_name("rlcore")),
         help="the rlcore command (split like a shell line: the GPU stage runs it through python3 -c)",
     )
-    parser.add_argument("--row", help="row name (default: smollm2-task-accuracy-cpu-NAME)")
+    parser.add_argument("--row", help="row name (default: the task's row prefix, then NAME)")
     parser.add_argument("--results", type=Path, help="where NAME.json and NAME.png go")
     parser.add_argument("overrides", nargs="*", help="extra key=value overrides for rlcore train")
     args = parser.parse_args(argv)

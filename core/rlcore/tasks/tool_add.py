@@ -63,9 +63,14 @@ def problems(split: str) -> list[tuple[int, int]]:
     """The ``(a, b)`` pairs of ``split``, four-digit numbers drawn with the split's seed."""
     if split not in SPLITS:
         raise ValueError(f"task 'tool_add' has no split {split!r}; its splits are {', '.join(SPLITS)}")
-    rng = random.Random(SEEDS[split])
-    low, high = 10 ** (DIGITS - 1), 10**DIGITS
-    return [(rng.randrange(low, high), rng.randrange(low, high)) for _ in range(SIZES[split])]
+    return draw_pairs(SEEDS[split], SIZES[split])
+
+
+def draw_pairs(seed: int, count: int, digits: int = DIGITS) -> list[tuple[int, int]]:
+    """``count`` pairs of ``digits``-digit numbers drawn with ``seed``."""
+    rng = random.Random(seed)
+    low, high = 10 ** (digits - 1), 10**digits
+    return [(rng.randrange(low, high), rng.randrange(low, high)) for _ in range(count)]
 
 
 def request(a: int, b: int) -> str:

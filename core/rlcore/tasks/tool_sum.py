@@ -31,10 +31,10 @@ four-digit numbers rarely repeat.
 
 from __future__ import annotations
 
-import json
-import random
-import re
 from typing import Any
+
+from rlcore.tasks import addition
+from rlcore.tasks.tool_add import call, draw_pairs, request
 
 #: The data source naming this task's reward function (``register_reward_functions``).
 DATA_SOURCE = "rlcore/tool_sum"
@@ -43,15 +43,12 @@ SPLITS = ("train", "val")
 #: Rows per split, and the seed of each split's numbers (the splits share no problem).
 SIZES = {"train": 1024, "val": 200}
 SEEDS = {"train": 11, "val": 12}
-DIGITS = 4
 #: The worked example every prompt starts with (not drawn from either split's numbers' seeds).
 EXAMPLE = (2048, 7311)
 SYSTEM = (
     "You have a calculator. To use it, write:\n"
     '<tool_call>{"name": "calculator", "arguments": {"expression": "..."}}</tool_call>'
 )
-
-_INTEGER = re.compile(r"-?\d+")
 
 
 def compute_score(
@@ -60,27 +57,15 @@ def compute_score(
     """1.0 when the last integer of the final model turn (``extra_info["agent"]["final_text"]``, else the
     whole response) is ``ground_truth``, else 0.0."""
     agent = (extra_info or {}).get("agent") or {}
-    found = _INTEGER.findall(str(agent.get("final_text", solution_str)))
-    return 1.0 if found and found[-1] == str(ground_truth) else 0.0
+    # The addition task's rule, on the answer alone: a sum copied into the call does not count.
+    return addition.compute_score(data_source, str(agent.get("final_text", solution_str)), ground_truth)
 
 
 def problems(split: str) -> list[tuple[int, int]]:
     """The ``(a, b)`` pairs of ``split``: four-digit numbers drawn with the split's seed."""
     if split not in SPLITS:
         raise ValueError(f"task 'tool_sum' has no split {split!r}; its splits are {', '.join(SPLITS)}")
-    rng = random.Random(SEEDS[split])
-    low, high = 10 ** (DIGITS - 1), 10**DIGITS
-    return [(rng.randrange(low, high), rng.randrange(low, high)) for _ in range(SIZES[split])]
-
-
-def request(a: int, b: int) -> str:
-    return f"Add the numbers:\n{a} + {b}"
-
-
-def call(a: int, b: int) -> str:
-    """The calculator call that solves ``a + b`` (Hermes format)."""
-    body = json.dumps({"name": "calculator", "arguments": {"expression": f"{a} + {b}"}})
-    return f"<tool_call>{body}</tool_call>"
+    return draw_pairs(SEEDS[split], SIZES[split])
 
 
 def prompt(a: int, b: int) -> list[dict[str, str]]:
