@@ -78,14 +78,23 @@ def build_tiny_model(
     max_position_embeddings: int = 2048,
     tie_word_embeddings: bool = True,
     seed: int = 0,
+    architecture: str = "qwen2",
+    num_experts: int = 4,
+    num_experts_per_tok: int = 2,
 ) -> Path:
-    """Save a random-init Qwen2 causal LM plus the tiny tokenizer to ``path``; return ``path``.
+    """Save a random-init causal LM plus the tiny tokenizer to ``path``; return ``path``.
 
+    ``architecture``: a key of :data:`ARCHITECTURES` (``qwen2`` by default). The mixture-of-experts ones
+    (``qwen3_moe``, ``mixtral``) give each of ``num_experts`` experts ``intermediate_size`` and route
+    each token to ``num_experts_per_tok`` of them.
     Idempotent: an existing complete folder (same settings) is reused, which keeps test suites fast.
     """
     import torch
-    from transformers import Qwen2ForCausalLM
 
+    if architecture not in ARCHITECTURES:
+        raise ValueError(
+            f"unknown tiny architecture {architecture!r}; choose from {', '.join(ARCHITECTURES)}"
+        )
     path = Path(path)
     settings = dict(
         num_layers=num_layers,
@@ -97,13 +106,18 @@ def build_tiny_model(
         tie_word_embeddings=tie_word_embeddings,
         seed=seed,
     )
+    if architecture != "qwen2":  # Qwen2 folders built before other architectures keep their marker.
+        settings.update(architecture=architecture)
+    if architecture in MOE_ARCHITECTURES:
+        settings.update(num_experts=num_experts, num_experts_per_tok=num_experts_per_tok)
     marker = path / "rlcore_tiny.json"
     if marker.exists() and json.loads(marker.read_text()) == settings:
         return path
     path.mkdir(parents=True, exist_ok=True)
     tokenizer = build_tiny_tokenizer(path)
-    config = tiny_qwen2_config(
+    config = tiny_config(
         tokenizer,
+        architecture=architecture,
         hidden_size=hidden_size,
         intermediate_size=intermediate_size,
         num_layers=num_layers,
@@ -111,15 +125,108 @@ def build_tiny_model(
         num_kv_heads=num_kv_heads,
         max_position_embeddings=max_position_embeddings,
         tie_word_embeddings=tie_word_embeddings,
+        num_experts=num_experts,
+        num_experts_per_tok=num_experts_per_tok,
     )
     torch.manual_seed(seed)
-    model = Qwen2ForCausalLM(config)
+    model = causal_lm_class(architecture)(config)
     model.generation_config.eos_token_id = tokenizer.eos_token_id
     model.generation_config.pad_token_id = tokenizer.pad_token_id
     _save_quietly(model, path)
     # Written last: its presence means the folder is complete.
     marker.write_text(json.dumps(settings))
     return path
+
+
+#: Tiny architectures: HF ``model_type`` -> the causal LM class's name in transformers.
+ARCHITECTURES = {
+    "qwen2": "Qwen2ForCausalLM",
+    "llama": "LlamaForCausalLM",
+    "qwen3": "Qwen3ForCausalLM",
+    "qwen3_moe": "Qwen3MoeForCausalLM",
+    "mixtral": "MixtralForCausalLM",
+}
+MOE_ARCHITECTURES = ("qwen3_moe", "mixtral")
+
+
+def causal_lm_class(architecture: str) -> Any:
+    import transformers
+
+    return getattr(transformers, ARCHITECTURES[architecture])
+
+
+def tiny_config(
+    tokenizer: Any,
+    *,
+    architecture: str = "qwen2",
+    hidden_size: int,
+    intermediate_size: int,
+    num_layers: int,
+    num_heads: int,
+    num_kv_heads: int,
+    max_position_embeddings: int,
+    tie_word_embeddings: bool,
+    num_experts: int = 4,
+    num_experts_per_tok: int = 2,
+    **extra: Any,
+) -> Any:
+    """The HF config of a tiny ``architecture`` model (fp32, the tokenizer's vocabulary and special
+    tokens). Every architecture uses SwiGLU, RMSNorm and rope; Qwen3 adds per-head q/k RMSNorm; the
+    MoE ones route each token to ``num_experts_per_tok`` of ``num_experts`` experts of width
+    ``intermediate_size`` (Qwen3-MoE renormalises the chosen experts' weights, as Qwen3-30B-A3B does)."""
+    if architecture == "qwen2":
+        return tiny_qwen2_config(
+            tokenizer,
+            hidden_size=hidden_size,
+            intermediate_size=intermediate_size,
+            num_layers=num_layers,
+            num_heads=num_heads,
+            num_kv_heads=num_kv_heads,
+            max_position_embeddings=max_position_embeddings,
+            tie_word_embeddings=tie_word_embeddings,
+            **extra,
+        )
+    import transformers
+
+    common = dict(
+        vocab_size=len(tokenizer),
+        hidden_size=hidden_size,
+        num_hidden_layers=num_layers,
+        num_attention_heads=num_heads,
+        num_key_value_heads=num_kv_heads,
+        head_dim=hidden_size // num_heads,
+        max_position_embeddings=max_position_embeddings,
+        tie_word_embeddings=tie_word_embeddings,
+        bos_token_id=tokenizer.pad_token_id,
+        eos_token_id=tokenizer.eos_token_id,
+        pad_token_id=tokenizer.pad_token_id,
+        torch_dtype="float32",
+        rms_norm_eps=1e-6,
+    )
+    if architecture in ("llama", "qwen3"):
+        cls = transformers.LlamaConfig if architecture == "llama" else transformers.Qwen3Config
+        return cls(intermediate_size=intermediate_size, **common, **extra)
+    if architecture == "qwen3_moe":
+        return transformers.Qwen3MoeConfig(
+            intermediate_size=intermediate_size,
+            moe_intermediate_size=intermediate_size,
+            num_experts=num_experts,
+            num_experts_per_tok=num_experts_per_tok,
+            norm_topk_prob=True,
+            decoder_sparse_step=1,
+            mlp_only_layers=[],
+            **common,
+            **extra,
+        )
+    if architecture == "mixtral":
+        return transformers.MixtralConfig(
+            intermediate_size=intermediate_size,
+            num_local_experts=num_experts,
+            num_experts_per_tok=num_experts_per_tok,
+            **common,
+            **extra,
+        )
+    raise ValueError(f"unknown tiny architecture {architecture!r}; choose from {', '.join(ARCHITECTURES)}")
 
 
 def tiny_qwen2_config(
