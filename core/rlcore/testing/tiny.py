@@ -207,16 +207,14 @@ def tiny_config(
         cls = transformers.LlamaConfig if architecture == "llama" else transformers.Qwen3Config
         return cls(intermediate_size=intermediate_size, **common, **extra)
     if architecture == "qwen3_moe":
+        routing = dict(norm_topk_prob=True, decoder_sparse_step=1, mlp_only_layers=[])
         return transformers.Qwen3MoeConfig(
             intermediate_size=intermediate_size,
             moe_intermediate_size=intermediate_size,
             num_experts=num_experts,
             num_experts_per_tok=num_experts_per_tok,
-            norm_topk_prob=True,
-            decoder_sparse_step=1,
-            mlp_only_layers=[],
             **common,
-            **extra,
+            **{**routing, **extra},
         )
     if architecture == "mixtral":
         return transformers.MixtralConfig(

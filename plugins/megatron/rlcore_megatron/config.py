@@ -25,15 +25,23 @@ def _impl(instance: Any, attribute: attrs.Attribute, value: str) -> None:
         )
 
 
-def replica_error(world: int, tp: int, pp: int, key: str) -> str | None:
-    """Why ``world`` ranks (set by ``key``) do not split into model replicas of ``tp x pp`` ranks, or None.
-    Checked when the config loads (the actor) and when each worker group starts (every role)."""
-    if world % (tp * pp) == 0:
+def replica_error(world: int, tp: int, pp: int, key: str, ep: int = 1) -> str | None:
+    """Why ``world`` ranks (set by ``key``) do not split into model replicas of ``tp x pp`` ranks (and,
+    with expert parallelism, the data-parallel ranks into groups of ``ep``), or None. Checked when the
+    config loads (the actor) and when each worker group starts (every role)."""
+    if world % (tp * pp * ep) == 0:
         return None
+    if ep == 1:
+        return (
+            f"{key}={world} is not a multiple of megatron.tensor_model_parallel_size * "
+            f"megatron.pipeline_model_parallel_size = {tp} * {pp}: set {key} to a multiple of {tp * pp} "
+            f"(e.g. {key}={tp * pp}), or lower the parallel sizes"
+        )
     return (
         f"{key}={world} is not a multiple of megatron.tensor_model_parallel_size * "
-        f"megatron.pipeline_model_parallel_size = {tp} * {pp}: set {key} to a multiple of {tp * pp} "
-        f"(e.g. {key}={tp * pp}), or lower the parallel sizes"
+        f"megatron.pipeline_model_parallel_size * megatron.expert_model_parallel_size = {tp} * {pp} * {ep} "
+        f"(experts are spread over data-parallel ranks): set {key} to a multiple of {tp * pp * ep}, or "
+        f"lower the parallel sizes"
     )
 
 
@@ -49,10 +57,25 @@ class MegatronConfig:
     tensor_model_parallel_size: int = attrs.field(default=1, validator=_positive)
     #: Pipeline stages per model replica (must divide the number of layers).
     pipeline_model_parallel_size: int = attrs.field(default=1, validator=_positive)
+    #: Mixture-of-experts models: ranks each layer's experts are spread over (each holds
+    #: ``num_experts / expert_model_parallel_size`` of them; tokens travel to their experts and back by
+    #: all-to-all). The ranks are data-parallel ones: it must divide ``world_size / (tensor x pipeline)``.
+    #: Expert weights are split over the tensor-parallel ranks as the dense layers' are.
+    expert_model_parallel_size: int = attrs.field(default=1, validator=_positive)
+    #: Coefficient of the router's load-balancing loss (Switch/GShard ``E * sum_e f_e * P_e`` per layer,
+    #: megatron-core's ``aux_loss``); null: the model's own ``router_aux_loss_coef`` from config.json.
+    #: 0 turns it off. megatron-core adds it per micro-batch and layer, over the tokens of the
+    #: micro-batch (HF's is one loss over the batch, divided by the number of layers).
+    moe_aux_loss_coeff: float | None = None
+    #: Coefficient of the router z-loss (``mean(logsumexp(router logits)^2)``, ST-MoE); null: the model's
+    #: ``router_z_loss_coef`` if config.json has one, else 0 (off).
+    moe_z_loss_coeff: float | None = None
     #: Shard the optimizer state (and fp32 master weights) over data-parallel ranks (ZeRO-1).
     use_distributed_optimizer: bool = True
-    #: Split activations along the sequence inside tensor-parallel regions. megatron-core's local
-    #: RMSNorm does not support it, so it needs ``transformer_impl: transformer_engine``.
+    #: Split activations along the sequence inside tensor-parallel regions (norms, residuals and dropout
+    #: on ``1 / tensor_model_parallel_size`` of the tokens per rank; all-gather / reduce-scatter instead
+    #: of all-reduce around each parallel block). Always on for mixture-of-experts models with tensor
+    #: parallelism: megatron-core trains MoE layers under tensor parallelism only that way.
     sequence_parallel: bool = False
     #: ``local``: megatron-core's own layers (runs everywhere); ``transformer_engine``: NVIDIA
     #: Transformer Engine's fused layers (needs the ``transformer_engine`` package).
@@ -107,15 +130,11 @@ class MegatronConfig:
             self.tensor_model_parallel_size,
             self.pipeline_model_parallel_size,
             "actor.world_size",
+            self.expert_model_parallel_size,
         )
         return [] if error is None else [error]
 
     def __attrs_post_init__(self) -> None:
-        if self.sequence_parallel and self.transformer_impl != "transformer_engine":
-            raise ValueError(
-                "megatron.sequence_parallel needs megatron.transformer_impl=transformer_engine: "
-                "megatron-core's local RMSNorm does not support sequence parallelism"
-            )
         if self.use_remove_padding and self.transformer_impl != "local":
             raise ValueError(
                 "megatron.use_remove_padding puts rlcore's packed attention into megatron-core's local layer "

@@ -13,6 +13,11 @@ Megatron fuses what HF keeps apart:
 * ``linear_fc1`` stacks ``[gate; up]`` (``2F`` rows), but each tensor-parallel rank holds
   ``[gate_r; up_r]``, so the full tensor is not the concatenation of the shards.
 * The vocabulary is padded with zero rows to ``padded_vocab_size`` (a multiple of the TP size).
+* A mixture of experts: each expert is a SwiGLU MLP with its own ``linear_fc1`` (``[gate; up]`` as above)
+  and ``linear_fc2``, named ``mlp.experts.local_experts.<e>``; HF checkpoints keep each expert's
+  projections apart (``mlp.experts.<e>.gate_proj`` ...; Mixtral ``block_sparse_moe.experts.<e>.w1``
+  ...), and the router is HF's ``gate``. Expert parallelism gives each rank a contiguous block of
+  experts, numbered from 0 locally: maps use global expert numbers, translated by the caller.
 
 A :class:`ParamMap` names one Megatron parameter with *global* layer numbers; local parameter names on
 a pipeline stage are translated with the stage's layer offset by the caller.
@@ -52,6 +57,36 @@ class ParamMap:
     aliases: tuple[str, ...] = ()
     export: bool = True
     optional: bool = False
+    expert: int | None = None
+
+
+def _mlp_maps(shape: ModelShape, i: int, mlp_norm: str) -> list[ParamMap]:
+    """Layer ``i``'s MLP: one SwiGLU, or a router and ``num_experts`` of them."""
+    m, h = f"decoder.layers.{i}.", f"model.layers.{i}."
+    if shape.experts is None:
+        return [
+            ParamMap(m + mlp_norm, (h + "post_attention_layernorm.weight",), "copy", None, i),
+            ParamMap(
+                m + "mlp.linear_fc1.weight",
+                (h + "mlp.gate_proj.weight", h + "mlp.up_proj.weight"),
+                "gate_up",
+                0,
+                i,
+            ),
+            ParamMap(m + "mlp.linear_fc2.weight", (h + "mlp.down_proj.weight",), "copy", 1, i),
+        ]
+    block = f"{h}{shape.moe_block}."
+    gate, up, down = shape.expert_projections
+    maps = [
+        ParamMap(m + "pre_mlp_layernorm.weight", (h + "post_attention_layernorm.weight",), "copy", None, i),
+        ParamMap(m + "mlp.router.weight", (block + "gate.weight",), "copy", None, i),
+    ]
+    for e in range(shape.experts.num_experts):
+        mine, theirs = f"{m}mlp.experts.local_experts.{e}.", f"{block}experts.{e}."
+        fc1 = (f"{theirs}{gate}.weight", f"{theirs}{up}.weight")
+        maps.append(ParamMap(mine + "linear_fc1.weight", fc1, "gate_up", 0, i, expert=e))
+        maps.append(ParamMap(mine + "linear_fc2.weight", (f"{theirs}{down}.weight",), "copy", 1, i, expert=e))
+    return maps
 
 
 def param_maps(shape: ModelShape, *, head: str = "lm", fused_norms: bool = False) -> list[ParamMap]:
@@ -81,10 +116,18 @@ def param_maps(shape: ModelShape, *, head: str = "lm", fused_norms: bool = False
         maps.append(
             ParamMap(m + "self_attention.linear_proj.weight", (h + "self_attn.o_proj.weight",), "copy", 1, i)
         )
-        maps.append(ParamMap(m + mlp_norm, (h + "post_attention_layernorm.weight",), "copy", None, i))
-        gate_up = (h + "mlp.gate_proj.weight", h + "mlp.up_proj.weight")
-        maps.append(ParamMap(m + "mlp.linear_fc1.weight", gate_up, "gate_up", 0, i))
-        maps.append(ParamMap(m + "mlp.linear_fc2.weight", (h + "mlp.down_proj.weight",), "copy", 1, i))
+        if shape.qk_norm:  # one RMSNorm weight [head_dim] per projection, shared by every head
+            for p in "qk":
+                maps.append(
+                    ParamMap(
+                        f"{m}self_attention.{p}_layernorm.weight",
+                        (f"{h}self_attn.{p}_norm.weight",),
+                        "copy",
+                        None,
+                        i,
+                    )
+                )
+        maps.extend(_mlp_maps(shape, i, mlp_norm))
     maps.append(ParamMap("decoder.final_layernorm.weight", ("model.norm.weight",), "copy", None, LAST))
     if head != "lm":
         maps.append(ParamMap("output_layer.weight", ("score.weight",), "copy", None, LAST, optional=True))

@@ -61,6 +61,7 @@ from rlcore_megatron.parallel import (
     init_process_groups,
     with_stage_layers,
 )
+from rlcore_megatron.routing import ExpertLoad
 from rlcore_megatron.sequences import (
     Aligned,
     Packed,
@@ -170,9 +171,14 @@ class MegatronEngine(TrainEngine):
             tp_size=cfg.tensor_model_parallel_size,
             pp_size=cfg.pipeline_model_parallel_size,
             make_vocab_size_divisible_by=cfg.make_vocab_size_divisible_by,
+            ep_size=cfg.expert_model_parallel_size,
         )
         layout = init_process_groups(
-            dist, platform.dist_backend, cfg.tensor_model_parallel_size, cfg.pipeline_model_parallel_size
+            dist,
+            platform.dist_backend,
+            cfg.tensor_model_parallel_size,
+            cfg.pipeline_model_parallel_size,
+            cfg.expert_model_parallel_size,
         )
         # Megatron's RNG tracker: the same seed on every data-parallel replica, offset per TP rank.
         tensor_parallel.model_parallel_cuda_manual_seed(spec.seed)
@@ -200,8 +206,9 @@ class MegatronEngine(TrainEngine):
             self.shape, head=spec.head, fused_norms=cfg.transformer_impl == "transformer_engine"
         )
         stage = self.layout.stage_layers[self.layout.pp_rank]
+        expert_offset = self.layout.expert_offset(self.shape)
         cast_parameters(module, self.dtype)
-        mark_tensor_parallel(module, self.maps, stage[0] if stage else 0)
+        mark_tensor_parallel(module, self.maps, stage[0] if stage else 0, expert_offset)
         #: Megatron names initialised here instead of loaded (a new critic's value head).
         self.fresh_params = load_into(
             module,
@@ -212,6 +219,7 @@ class MegatronEngine(TrainEngine):
             tp_rank=self.layout.tp_rank,
             tp_size=self.layout.tp_size,
             init_missing=self._init_head,
+            expert_offset=expert_offset,
         )
         self.module = module.to(self.device)
         if cfg.compile:
@@ -224,6 +232,16 @@ class MegatronEngine(TrainEngine):
             self.model = self.module
         self.parking = Parking()
         self.steps = 0
+        #: Tokens per expert in the last training step (mixtures of experts only).
+        self.expert_load = None
+        if self.shape.experts is not None:
+            self.expert_load = ExpertLoad(
+                self.module,
+                self.shape.num_layers,
+                self.shape.experts.num_experts,
+                self.device,
+                counts_here=self.layout.tp_rank == 0 or self.tf_config.sequence_parallel,
+            )
 
     # -- construction ----------------------------------------------------------------------------
     def _init_head(self, param: torch.Tensor) -> None:
@@ -443,14 +461,21 @@ class MegatronEngine(TrainEngine):
         plan, _ = self._split(batch, self.spec.micro_batch_size)  # order is irrelevant to a sum
         wanted = HEAD_OUTPUTS[self.spec.head]
 
+        routed = self._routed_tokens(plan)
+
         def reduce_fn(output, micro):
             loss, metrics = loss_fn(self._head_outputs(output, micro, wanted), micro.batch)
             # Kept as tensors until the step ends: no device sync inside the pipeline schedule.
-            return loss, {"loss": loss.detach(), **metrics}
+            return loss if routed is None else loss * routed, {"loss": loss.detach(), **metrics}
 
+        # With router losses, every loss's gradient is scaled by 1 / routed (the policy loss above was
+        # multiplied by it, so its gradient is unchanged; _routed_tokens says why).
+        self.tf_config.grad_scale_func = None if routed is None else (lambda t: t / routed)
         self.model.zero_grad_buffer()
         self.optimizer.zero_grad()
         lr = float(self.optimizer.param_groups[0]["lr"])
+        if self.expert_load is not None:
+            self.expert_load.reset()
         infos = self._run(plan, forward_only=False, reduce_fn=reduce_fn)
         stepped, grad_norm, _ = self.optimizer.step()
         if stepped:
@@ -459,7 +484,26 @@ class MegatronEngine(TrainEngine):
         metrics = self._reduce_metrics(infos)
         # The norm is a device tensor with the local kernels (rlcore_megatron.optimizer), a float otherwise.
         metrics.update(grad_norm=float(grad_norm) if grad_norm is not None else 0.0, lr=lr)
+        if self.expert_load is not None:
+            metrics.update(self.expert_load.metrics())
         return metrics
+
+    def _routed_tokens(self, plan: _Plan) -> float | None:
+        """Tokens this step routes through each MoE layer, over every data-parallel rank; None without
+        router losses.
+
+        megatron-core adds each micro-batch's load-balancing (and z-) loss multiplied by the micro-batch's
+        token count, expecting every gradient to be divided by the step's token count afterwards (its
+        per-token-loss convention). rlcore's loss functions normalise themselves, so the engine scales
+        only through ``grad_scale_func``: the router losses then enter as their token-weighted mean over
+        the step's micro-batches, times their coefficients, whatever the micro-batch split."""
+        cfg = self.tf_config
+        if self.shape.experts is None or not (cfg.moe_aux_loss_coeff or cfg.moe_z_loss_coeff):
+            return None
+        tokens = torch.tensor(float(sum(b * n for b, n in plan.shapes)), device=self.device)
+        if self.layout.dp_size > 1:
+            dist.all_reduce(tokens, group=mpu.get_data_parallel_group())
+        return float(tokens)
 
     def _reduce_metrics(self, infos: list[dict]) -> dict[str, float]:
         """Sum ``loss`` (already globally normalised) over micro-batches and DP ranks; average the

@@ -3,7 +3,9 @@
 Walks the pipeline stages in order; on each stage the tensor-parallel ranks all-gather their parts of
 one layer at a time, convert to HF tensors, and (TP rank 0 only) send them to the last stage, whose TP
 rank 0 yields them. Every rank must iterate the generator to the end: it drives the collectives.
-Memory stays bounded by one layer's full tensors.
+Memory stays bounded by one layer's full tensors. With expert parallelism each layer's experts are
+spread over the expert-parallel ranks: those all-gather each expert slot, so every rank of the stage
+has the layer's experts in HF order.
 """
 
 from __future__ import annotations
@@ -20,15 +22,46 @@ from rlcore_megatron.hf_io import local_to_global
 from rlcore_megatron.parallel import Layout, pp_peer, tp_all_gather
 
 
+def _full(pm: ParamMap, param: torch.Tensor, layout: Layout, dtype) -> torch.Tensor:
+    """The whole Megatron tensor of ``pm`` from this rank's tensor-parallel part."""
+    local = param.detach().to(dtype)
+    if pm.tp_dim is None or layout.tp_size == 1:
+        return local
+    group = None
+    if pm.expert is not None:
+        from megatron.core import parallel_state as mpu
+
+        group = mpu.get_expert_tensor_parallel_group()
+    return unshard(pm, tp_all_gather(local, group))
+
+
 def _layer_tensors(
     maps: Sequence[ParamMap], params: dict[str, torch.Tensor], shape: ModelShape, layout: Layout, dtype
 ) -> list[tuple[str, torch.Tensor]]:
-    out = []
+    full: dict[str, torch.Tensor] = {}
+    by_name = {pm.mcore: pm for pm in maps}
     for pm in maps:
-        local = params[pm.mcore].detach().to(dtype)
-        full = unshard(pm, tp_all_gather(local)) if pm.tp_dim is not None and layout.tp_size > 1 else local
-        out.extend(zip(pm.hf, (t.contiguous() for t in to_hf(pm, full, shape)), strict=True))
-    return out
+        if pm.mcore not in params:
+            continue  # an expert on another expert-parallel rank: gathered with this rank's counterpart
+        tensor = _full(pm, params[pm.mcore], layout, dtype)
+        if pm.expert is None or layout.ep_size == 1:
+            full[pm.mcore] = tensor
+            continue
+        # Every expert-parallel rank walks its own experts in the same order, so the gathers pair up:
+        # rank r's slot holds global expert ``pm.expert + (r - ep_rank) * per_rank``.
+        from megatron.core import parallel_state as mpu
+
+        per_rank = shape.experts.num_experts // layout.ep_size
+        parts = tp_all_gather(tensor, mpu.get_expert_model_parallel_group())
+        for r, part in enumerate(parts):
+            expert = pm.expert + (r - layout.ep_rank) * per_rank
+            full[pm.mcore.replace(f"local_experts.{pm.expert}.", f"local_experts.{expert}.")] = part
+    order = {pm.mcore: k for k, pm in enumerate(maps)}
+    named = []
+    for name in sorted(full, key=order.__getitem__):
+        pm = by_name[name]
+        named.extend((hf, t.contiguous()) for hf, t in zip(pm.hf, to_hf(pm, full[name], shape), strict=True))
+    return named
 
 
 def _send(named: list[tuple[str, torch.Tensor]], dst: int) -> None:
@@ -58,7 +91,7 @@ def hf_named_tensors(
 ) -> Iterator[tuple[str, torch.Tensor]]:
     """``(hf_name, full tensor in dtype)`` for the whole model, yielded on TP rank 0 of the last stage."""
     offset = layout.stage_layers[layout.pp_rank][0] if layout.stage_layers[layout.pp_rank] else 0
-    params = {local_to_global(n, offset): p for n, p in model.named_parameters()}
+    params = {local_to_global(n, offset, layout.expert_offset(shape)): p for n, p in model.named_parameters()}
     aliases = {pm.hf[0]: pm.aliases for pm in maps if pm.aliases}
     last = layout.pp_size - 1
     holder = layout.tp_rank == 0 and layout.is_last_stage

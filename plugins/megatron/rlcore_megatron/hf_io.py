@@ -54,11 +54,15 @@ class HFCheckpoint:
         return self._open[file].get_tensor(name)
 
 
-def local_to_global(name: str, layer_offset: int) -> str:
-    """``decoder.layers.<local>.…`` on a pipeline stage -> the global layer number."""
+def local_to_global(name: str, layer_offset: int, expert_offset: int = 0) -> str:
+    """``decoder.layers.<local>.…`` on a pipeline stage -> the global layer number; and
+    ``….local_experts.<local>.…`` on an expert-parallel rank -> the global expert number."""
     parts = name.split(".")
     if len(parts) > 2 and parts[0] == "decoder" and parts[1] == "layers":
         parts[2] = str(int(parts[2]) + layer_offset)
+        if expert_offset and "local_experts" in parts:
+            at = parts.index("local_experts") + 1
+            parts[at] = str(int(parts[at]) + expert_offset)
     return ".".join(parts)
 
 
@@ -73,17 +77,19 @@ def load_into(
     tp_rank: int,
     tp_size: int,
     init_missing,
+    expert_offset: int = 0,
 ) -> list[str]:
     """Fill every parameter of ``model`` (this stage, this TP rank) from ``ckpt``.
 
     ``init_missing(param)`` initialises an optional parameter the checkpoint lacks (a fresh value
-    head). Returns the Megatron names so initialised. Raises if a required tensor is missing, or if a
+    head). ``expert_offset``: the global number of this rank's first expert. Returns the Megatron names so
+    initialised. Raises if a required tensor is missing, or if a
     parameter has no mapping (an architecture this converter does not know).
     """
     by_name = {pm.mcore: pm for pm in maps}
     initialised = []
     for local_name, param in model.named_parameters():
-        name = local_to_global(local_name, layer_offset)
+        name = local_to_global(local_name, layer_offset, expert_offset)
         pm = by_name.get(name)
         if pm is None:
             raise ValueError(f"Megatron parameter {name!r} has no Hugging Face counterpart in the converter")

@@ -33,6 +33,7 @@ def transformer_config(
     """Megatron's config for an HF decoder of ``shape``, numerically matching the HF model (no dropout)."""
     tp = cfg.tensor_model_parallel_size
     return TransformerConfig(
+        **_moe_settings(shape, cfg),
         num_layers=shape.num_layers,
         hidden_size=shape.hidden_size,
         num_attention_heads=shape.num_heads,
@@ -45,6 +46,7 @@ def transformer_config(
         activation_func=F.silu,
         add_bias_linear=False,
         add_qkv_bias=shape.qkv_bias,
+        qk_layernorm=shape.qk_norm,
         hidden_dropout=0.0,
         attention_dropout=0.0,
         init_method_std=shape.initializer_range,
@@ -53,7 +55,7 @@ def transformer_config(
         bf16=dtype == torch.bfloat16,
         tensor_model_parallel_size=tp,
         pipeline_model_parallel_size=cfg.pipeline_model_parallel_size,
-        sequence_parallel=cfg.sequence_parallel and tp > 1,
+        sequence_parallel=sequence_parallel_enabled(shape, cfg),
         # Parameters are created on the host without random init and filled from the HF checkpoint
         # before they move to the device, so no device memory or time goes to a throw-away init.
         use_cpu_initialization=True,
@@ -77,14 +79,88 @@ def transformer_config(
     )
 
 
-def layer_spec(cfg: MegatronConfig):
+def _moe_settings(shape: ModelShape, cfg: MegatronConfig) -> dict:
+    """The mixture-of-experts part of :func:`transformer_config` (nothing for a dense model).
+
+    HF's routers take a softmax over all experts and keep the top k; Qwen3-MoE (``norm_topk_prob``)
+    and Mixtral then renormalise the k weights, which is megatron-core's default order (top k of the
+    logits, softmax over those k: the same numbers); without renormalisation the softmax goes first
+    (``moe_router_pre_softmax``). No capacity limit: no token is dropped, as in HF.
+    """
+    experts = shape.experts
+    if experts is None:
+        return {}
+    aux = experts.aux_loss_coef if cfg.moe_aux_loss_coeff is None else cfg.moe_aux_loss_coeff
+    z_loss = experts.z_loss_coef if cfg.moe_z_loss_coeff is None else cfg.moe_z_loss_coeff
+    return dict(
+        num_moe_experts=experts.num_experts,
+        moe_router_topk=experts.top_k,
+        moe_ffn_hidden_size=experts.ffn_hidden_size,
+        moe_router_pre_softmax=not experts.normalize_top_k,
+        moe_router_load_balancing_type="aux_loss" if aux > 0 else "none",
+        moe_aux_loss_coeff=aux,
+        moe_z_loss_coeff=z_loss or None,
+        expert_model_parallel_size=cfg.expert_model_parallel_size,
+        expert_tensor_parallel_size=cfg.tensor_model_parallel_size,
+    )
+
+
+def _router_without_transformer_engine() -> None:
+    """megatron-core 0.16's router reads ``moe_utils.te_general_gemm``, which it defines only when
+    Transformer Engine imports (a ``NameError`` at the first routed token otherwise); None is its own
+    marker for "use torch.mm"."""
+    from megatron.core.transformer.moe import moe_utils
+
+    if not hasattr(moe_utils, "te_general_gemm"):
+        moe_utils.te_general_gemm = None
+
+
+class SequenceParallelRMSNorm(torch.nn.RMSNorm):
+    """torch's RMSNorm for megatron-core's local layers, sequence parallelism allowed.
+
+    Under sequence parallelism each tensor-parallel rank normalises its own part of the sequence, so its
+    weight gradient is a partial sum; tagged ``sequence_parallel``, Megatron's gradient finalisation
+    sums it over the tensor-parallel ranks (as it does for Transformer Engine's norms). megatron-core's
+    own local norm (``WrappedTorchNorm``) refuses sequence parallelism instead of tagging its weight.
+    Called by megatron-core as ``(config=, hidden_size=, eps=)``: ``[s/tp, b, h] -> [s/tp, b, h]``.
+    """
+
+    def __init__(self, config: TransformerConfig, hidden_size: int, eps: float = 1e-5, **_):
+        super().__init__(hidden_size, eps=eps)
+        self.weight.sequence_parallel = config.sequence_parallel
+
+
+def sequence_parallel_enabled(shape: ModelShape, cfg: MegatronConfig) -> bool:
+    """Whether activations are split along the sequence in tensor-parallel regions: when asked, and
+    always for a mixture of experts with tensor parallelism (megatron-core trains MoE layers under
+    tensor parallelism only with it)."""
+    return cfg.tensor_model_parallel_size > 1 and (cfg.sequence_parallel or shape.experts is not None)
+
+
+def layer_spec(cfg: MegatronConfig, shape: ModelShape, sequence_parallel: bool = False):
+    num_experts = shape.experts.num_experts if shape.experts else None
+    if num_experts is not None:
+        _router_without_transformer_engine()
     if cfg.transformer_impl == "transformer_engine":
         from megatron.core.models.gpt.gpt_layer_specs import get_gpt_layer_with_transformer_engine_spec
 
-        return get_gpt_layer_with_transformer_engine_spec()
+        if num_experts is not None:
+            raise ValueError(
+                "mixture-of-experts models run with megatron.transformer_impl=local (Transformer Engine's "
+                "expert layers are untested here)"
+            )
+        return get_gpt_layer_with_transformer_engine_spec(qk_layernorm=shape.qk_norm)
     from megatron.core.models.gpt.gpt_layer_specs import get_gpt_layer_local_spec
 
-    spec = get_gpt_layer_local_spec(normalization="RMSNorm")
+    spec = get_gpt_layer_local_spec(
+        num_experts=num_experts, qk_layernorm=shape.qk_norm, normalization="RMSNorm"
+    )
+    if sequence_parallel:
+        layer = spec.submodules
+        layer.input_layernorm = layer.pre_mlp_layernorm = SequenceParallelRMSNorm
+        if shape.qk_norm:
+            layer.self_attention.submodules.q_layernorm = SequenceParallelRMSNorm
+            layer.self_attention.submodules.k_layernorm = SequenceParallelRMSNorm
     if cfg.use_remove_padding:
         from rlcore_megatron.attention import PackedDotProductAttention
 
@@ -121,9 +197,20 @@ def build_stage_model(
 ) -> GPTModel:
     """This pipeline stage's GPT model on the host, parameters uninitialised (to be loaded)."""
     lm = head == "lm"
+    spec = layer_spec(cfg, shape, config.sequence_parallel)
+    if config.sequence_parallel and cfg.transformer_impl == "local":
+        # The final norm too (megatron-core builds it from its own local norm otherwise).
+        from megatron.core.transformer.transformer_block import (
+            TransformerBlockSubmodules,
+            get_num_layers_to_build,
+        )
+
+        spec = TransformerBlockSubmodules(
+            layer_specs=[spec] * get_num_layers_to_build(config), layer_norm=SequenceParallelRMSNorm
+        )
     model = GPTModel(
         config=config,
-        transformer_layer_spec=layer_spec(cfg),
+        transformer_layer_spec=spec,
         vocab_size=shape.padded_vocab_size,
         max_sequence_length=shape.max_position_embeddings,
         pre_process=first,
@@ -190,7 +277,9 @@ def cast_parameters(model: torch.nn.Module, dtype: torch.dtype) -> None:
             param.data = param.data.to(dtype)
 
 
-def mark_tensor_parallel(model: GPTModel, maps: list[ParamMap], layer_offset: int) -> None:
+def mark_tensor_parallel(
+    model: GPTModel, maps: list[ParamMap], layer_offset: int, expert_offset: int = 0
+) -> None:
     """Tag tensor-parallel parameters as Megatron's own initialisation would.
 
     ``perform_initialization=False`` skips Megatron's weight init and, with it, the attributes that
@@ -199,7 +288,7 @@ def mark_tensor_parallel(model: GPTModel, maps: list[ParamMap], layer_offset: in
     """
     by_name = {pm.mcore: pm for pm in maps}
     for local_name, param in model.named_parameters():
-        pm = by_name.get(local_to_global(local_name, layer_offset))
+        pm = by_name.get(local_to_global(local_name, layer_offset, expert_offset))
         if pm is not None and pm.tp_dim is not None and not hasattr(param, "tensor_model_parallel"):
             tensor_parallel.set_tensor_model_parallel_attributes(param, True, pm.tp_dim, 1)
 

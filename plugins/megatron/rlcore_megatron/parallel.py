@@ -29,6 +29,15 @@ class Layout:
     dp_rank: int
     dp_size: int
     stage_layers: tuple[tuple[int, ...], ...] = ()
+    #: Expert parallelism: this rank's place among the ranks one layer's experts are spread over.
+    ep_rank: int = 0
+    ep_size: int = 1
+
+    def expert_offset(self, shape) -> int:
+        """The global number of this rank's first expert (0 for a dense ``shape``)."""
+        if shape.experts is None:
+            return 0
+        return self.ep_rank * (shape.experts.num_experts // self.ep_size)
 
     @property
     def is_first_stage(self) -> bool:
@@ -50,7 +59,9 @@ class Layout:
         raise ValueError(f"decoder layer {owner} is on no pipeline stage ({self.stage_layers})")
 
 
-def init_process_groups(dist_info: DistInfo, backend: str, tp_size: int, pp_size: int) -> Layout:
+def init_process_groups(
+    dist_info: DistInfo, backend: str, tp_size: int, pp_size: int, ep_size: int = 1
+) -> Layout:
     """Join (or reuse) the default process group and megatron-core's model-parallel groups."""
     if not dist.is_initialized() and dist_info.world_size == 1:
         # One rank rendezvous with nobody: an in-memory store, so two single-rank engines on one host
@@ -65,21 +76,32 @@ def init_process_groups(dist_info: DistInfo, backend: str, tp_size: int, pp_size
             timeout=datetime.timedelta(minutes=30),
         )
     # The engine does not know its role (it runs the actor, critic or reward model alike).
-    error = replica_error(dist.get_world_size(), tp_size, pp_size, "{actor|critic|reward_model}.world_size")
+    error = replica_error(
+        dist.get_world_size(), tp_size, pp_size, "{actor|critic|reward_model}.world_size", ep_size
+    )
     if error is not None:
         raise ValueError(error)
     if mpu.model_parallel_is_initialized():
-        have = (mpu.get_tensor_model_parallel_world_size(), mpu.get_pipeline_model_parallel_world_size())
-        if have != (tp_size, pp_size):
+        have = (
+            mpu.get_tensor_model_parallel_world_size(),
+            mpu.get_pipeline_model_parallel_world_size(),
+            mpu.get_expert_model_parallel_world_size(),
+        )
+        if have != (tp_size, pp_size, ep_size):
             raise RuntimeError(
                 f"megatron-core's process groups in this process are already set up for tp={have[0]}, "
-                f"pp={have[1]}; another Megatron engine here cannot use tp={tp_size}, pp={pp_size}. "
-                f"Give every role in one process the same megatron parallel sizes, or separate processes."
+                f"pp={have[1]}, ep={have[2]}; another Megatron engine here cannot use tp={tp_size}, "
+                f"pp={pp_size}, ep={ep_size}. Give every role in one process the same megatron parallel "
+                f"sizes, or separate processes."
             )
     else:
         mpu.initialize_model_parallel(
             tensor_model_parallel_size=tp_size,
             pipeline_model_parallel_size=pp_size,
+            # Experts are split over the tensor-parallel ranks as the dense layers are (megatron-core's
+            # default), so a rank's expert shards line up with its dense ones.
+            expert_model_parallel_size=ep_size,
+            expert_tensor_parallel_size=tp_size,
             # Gloo twins of every group are only needed for CPU-side optimizer collectives we do not use.
             create_gloo_process_groups=False,
         )
@@ -90,6 +112,8 @@ def init_process_groups(dist_info: DistInfo, backend: str, tp_size: int, pp_size
         pp_size=pp_size,
         dp_rank=mpu.get_data_parallel_rank(),
         dp_size=mpu.get_data_parallel_world_size(),
+        ep_rank=mpu.get_expert_model_parallel_rank(),
+        ep_size=ep_size,
     )
 
 
@@ -128,9 +152,10 @@ def gather_over_dp(obj, layout: Layout) -> list:
     return out
 
 
-def tp_all_gather(t: torch.Tensor) -> list[torch.Tensor]:
-    """Every tensor-parallel rank's ``t`` (same shape on each), in rank order."""
-    group = mpu.get_tensor_model_parallel_group()
+def tp_all_gather(t: torch.Tensor, group=None) -> list[torch.Tensor]:
+    """Every tensor-parallel rank's ``t`` (same shape on each), in rank order; ``group``: another group
+    to gather over (the expert-parallel one)."""
+    group = group if group is not None else mpu.get_tensor_model_parallel_group()
     out = [torch.empty_like(t) for _ in range(dist.get_world_size(group))]
     dist.all_gather(out, t.contiguous(), group=group)
     return out

@@ -12,12 +12,18 @@ test worker processes only (never the pytest process itself: it patches ``torch.
   check for;
 * ``torch.cuda.current_device`` answers 0 (which the mode maps to the CPU), and synchronisation and
   cache calls do nothing;
-* Megatron's RNG tracker keeps CPU generator states instead of CUDA ones.
+* Megatron's RNG tracker keeps CPU generator states instead of CUDA ones;
+* CUDA streams (the MoE all-to-all dispatcher keeps a side stream for its host copies) are stand-ins
+  that wait on nothing: host work runs in program order; and the dispatcher's device-to-host copies of
+  its split sizes give the numpy arrays they give from a GPU (a CPU tensor is passed through as it is,
+  which ``all_to_all_single`` refuses as split sizes).
 
 Never import this from ``rlcore_megatron``: the benchmark imports it only under ``--tiny``.
 """
 
 from __future__ import annotations
+
+import contextlib
 
 import torch
 from torch.overrides import TorchFunctionMode
@@ -38,6 +44,8 @@ class _CudaToCpu(TorchFunctionMode):
         kwargs = dict(kwargs or {})
         if func is torch.Tensor.cuda or func is torch.Tensor.pin_memory:
             return args[0]
+        if func is torch.Tensor.record_stream:
+            return None
         if func is torch.Tensor.type and len(args) == 1 and not kwargs:
             # Megatron's optimizers accept only "torch.cuda.*Tensor" type names.
             name = func(*args)
@@ -57,6 +65,38 @@ def _cpu_set_rng_state(new_state, device=-1, graph_safe=False):
     torch.set_rng_state(new_state)
 
 
+class _HostStream:
+    """A CUDA stream's interface for host work, which runs in program order: nothing to wait for."""
+
+    def __init__(self, *args, **kwargs) -> None:
+        pass
+
+    def wait_stream(self, other) -> None:
+        pass
+
+    def synchronize(self) -> None:
+        pass
+
+    def record_event(self, event=None):
+        return _HostEvent()
+
+
+class _HostEvent:
+    """A recorded CUDA event's interface: on the host the work before it is already done."""
+
+    def synchronize(self) -> None:
+        pass
+
+    def wait(self, stream=None) -> None:
+        pass
+
+    def query(self) -> bool:
+        return True
+
+
+_CURRENT_STREAM = _HostStream()
+
+
 def install() -> None:
     """Redirect megatron-core's CUDA calls to the CPU in this process (idempotent)."""
     global _installed
@@ -67,6 +107,9 @@ def install() -> None:
     torch.cuda.current_device = lambda: 0
     torch.cuda.synchronize = lambda *a, **k: None
     torch.cuda.empty_cache = lambda: None
+    torch.cuda.Stream = _HostStream  # a class: transformers writes ``torch.cuda.Stream | None``
+    torch.cuda.current_stream = lambda *a, **k: _CURRENT_STREAM
+    torch.cuda.stream = lambda stream: contextlib.nullcontext()
     # torch.manual_seed itself calls torch.cuda.manual_seed_all: seed the CPU generator directly.
     torch.cuda.manual_seed = torch.default_generator.manual_seed
     torch.cuda.manual_seed_all = lambda seed: None
@@ -74,6 +117,12 @@ def install() -> None:
     torch.cuda.set_rng_state = _cpu_set_rng_state
     mrandom._get_cuda_rng_state = _cpu_get_rng_state
     mrandom._set_cuda_rng_state = _cpu_set_rng_state
+    from megatron.core.transformer.moe import token_dispatcher
+
+    def to_host(tensor, as_numpy=False, record_stream=False):  # every such tensor is "on the device" here
+        return tensor.numpy() if as_numpy and torch.is_tensor(tensor) else tensor
+
+    token_dispatcher.maybe_move_tensor_to_cpu = to_host
     _CudaToCpu().__enter__()
     from rlcore_megatron.engine import CPU_REDIRECT_FLAG
 

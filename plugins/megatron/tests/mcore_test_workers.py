@@ -38,6 +38,8 @@ def _engine(
     logits_chunk_size=None,
     compile=False,
     recompute_logits=True,
+    ep=1,
+    moe_aux_loss_coeff=None,
     **spec,
 ):
     from rlcore.api import DistInfo, EngineSpec
@@ -57,6 +59,8 @@ def _engine(
         logits_chunk_size=logits_chunk_size,
         compile=compile,
         recompute_logits=recompute_logits,
+        expert_model_parallel_size=ep,
+        moe_aux_loss_coeff=moe_aux_loss_coeff,
     )
     return MegatronEngine(
         EngineSpec(model_path=str(path), **{**defaults, **spec}),

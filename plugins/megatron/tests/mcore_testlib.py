@@ -78,10 +78,15 @@ def value_loss(outputs, micro_batch):
     return (err * mask).sum() / micro_batch.meta["global_tokens"], {}
 
 
-def hf_model(path):
-    from transformers import AutoModelForCausalLM
+def hf_model(path, dtype=torch.float32):
+    """The HF model at ``path`` for reference numbers. Mixtures of experts run their experts one by one
+    (``experts_implementation="eager"``): transformers' grouped kernel has no float64."""
+    from transformers import AutoConfig, AutoModelForCausalLM
 
-    return AutoModelForCausalLM.from_pretrained(str(path), dtype=torch.float32).eval()
+    kwargs = {}
+    if getattr(AutoConfig.from_pretrained(str(path)), "model_type", "") in ("qwen3_moe", "mixtral"):
+        kwargs["experts_implementation"] = "eager"
+    return AutoModelForCausalLM.from_pretrained(str(path), dtype=dtype, **kwargs).eval()
 
 
 def hf_response_outputs(model, batch):

@@ -170,6 +170,91 @@ def test_unknown_architecture_points_to_fsdp():
         shape_of(GPT2Config())
 
 
+def tiny_config(architecture, **kw):
+    from rlcore.testing.tiny import build_tiny_tokenizer, tiny_config
+
+    settings = dict(hidden_size=64, intermediate_size=32, num_layers=2, num_heads=8, num_kv_heads=2)
+    settings.update(max_position_embeddings=256, tie_word_embeddings=False)
+    return tiny_config(build_tiny_tokenizer(), architecture=architecture, **{**settings, **kw})
+
+
+@pytest.mark.parametrize(
+    ("architecture", "tied"),
+    [("qwen3", True), ("qwen3", False), ("qwen3_moe", False), ("mixtral", False), ("mixtral", True)],
+)
+def test_maps_name_exactly_the_checkpoint_tensors_of_the_new_architectures(architecture, tied):
+    """HF's checkpoint names (what ``save_pretrained`` writes and vLLM/SGLang load): per-expert tensors,
+    not transformers 5's fused in-memory ``experts.gate_up_proj``."""
+    from rlcore.testing.tiny import causal_lm_class
+    from transformers.core_model_loading import revert_weight_conversion
+
+    config = tiny_config(architecture, tie_word_embeddings=tied)
+    model = causal_lm_class(architecture)(config)
+    stored = set(revert_weight_conversion(model, model.state_dict()))
+    exported = {n for pm in param_maps(shape_of(config)) if pm.export for n in (*pm.hf, *pm.aliases)}
+    assert exported == stored | ({"lm_head.weight"} if tied else set())
+    shape = shape_of(config)
+    assert shape.qk_norm == architecture.startswith("qwen3")
+    assert (shape.experts is not None) == (architecture != "qwen3")
+
+
+def test_experts_round_trip_and_split_over_tensor_parallel_ranks():
+    shape = shape_of(tiny_config("mixtral"), tp=2)
+    pm = by_mcore(param_maps(shape), "decoder.layers.1.mlp.experts.local_experts.3.linear_fc1.weight")
+    assert pm.hf == tuple(f"model.layers.1.block_sparse_moe.experts.3.{w}.weight" for w in ("w1", "w3"))
+    assert pm.expert == 3
+    gate, up = torch.randn(32, 64), torch.randn(32, 64)
+    full = to_mcore(pm, [gate, up], shape)
+    assert torch.equal(shard(pm, full, 1, 2), torch.cat([gate[16:], up[16:]]))
+    back = to_hf(pm, unshard(pm, [shard(pm, full, r, 2) for r in range(2)]), shape)
+    assert torch.equal(back[0], gate) and torch.equal(back[1], up)
+
+
+@pytest.mark.parametrize(
+    ("architecture", "kw", "layout", "message"),
+    [
+        (
+            "qwen3_moe",
+            dict(mlp_only_layers=[0]),
+            {},
+            "dense layers .*every layer must be a mixture of experts",
+        ),
+        ("qwen3_moe", dict(decoder_sparse_step=2), {}, "decoder_sparse_step=2"),
+        (
+            "qwen3_moe",
+            {},
+            dict(ep_size=3),
+            "expert_model_parallel_size=3 must divide the number of experts \\(4\\)",
+        ),
+        ("qwen3", {}, dict(ep_size=2), "needs a mixture-of-experts model; qwen3 is dense"),
+        ("qwen3_moe", {}, dict(tp=64), "must divide num_key_value_heads"),
+    ],
+)
+def test_unsupported_expert_layouts_fail_with_the_reason(architecture, kw, layout, message):
+    config = tiny_config(architecture, **kw)
+    with pytest.raises(ValueError, match=message):
+        model_shape(
+            config,
+            tp_size=layout.get("tp", 1),
+            pp_size=1,
+            make_vocab_size_divisible_by=128,
+            ep_size=layout.get("ep_size", 1),
+        )
+
+
+def test_router_settings_follow_the_hf_config():
+    from rlcore_megatron.model import transformer_config
+
+    shape = shape_of(tiny_config("qwen3_moe", norm_topk_prob=False, router_aux_loss_coef=0.02))
+    cfg = transformer_config(shape, MegatronConfig(), torch.float32, recompute=False)
+    assert (cfg.num_moe_experts, cfg.moe_router_topk, cfg.moe_ffn_hidden_size) == (4, 2, 32)
+    assert cfg.moe_router_pre_softmax  # softmax over every expert first: no renormalisation of the top k
+    assert (cfg.moe_aux_loss_coeff, cfg.moe_router_load_balancing_type) == (0.02, "aux_loss")
+    cfg = transformer_config(shape, MegatronConfig(moe_aux_loss_coeff=0.0), torch.float32, recompute=False)
+    assert cfg.moe_router_load_balancing_type == "none"
+    assert cfg.qk_layernorm and not cfg.sequence_parallel
+
+
 def test_llama3_rope_scaling_is_read_and_other_scalings_rejected():
     scaling = {"rope_type": "llama3", "factor": 8.0, "low_freq_factor": 1.0, "high_freq_factor": 4.0,
                "original_max_position_embeddings": 8192}  # fmt: skip
@@ -433,10 +518,8 @@ def test_config_validates_its_fields():
         ValueError, match="megatron.transformer_impl must be one of local, transformer_engine"
     ):
         MegatronConfig(transformer_impl="apex")
-    with pytest.raises(
-        ValueError, match="sequence_parallel needs megatron.transformer_impl=transformer_engine"
-    ):
-        MegatronConfig(sequence_parallel=True)
+    with pytest.raises(ValueError, match="megatron.expert_model_parallel_size must be an integer >= 1"):
+        MegatronConfig(expert_model_parallel_size=0)
 
 
 @pytest.mark.parametrize(
@@ -459,6 +542,14 @@ def test_config_validates_its_fields():
                 "actor.world_size=6",
             ],
             "actor.world_size=6 is not a multiple of .* = 2 \\* 2: set actor.world_size to a multiple of 4",
+        ),
+        (
+            [
+                "megatron.expert_model_parallel_size=4",
+                "megatron.tensor_model_parallel_size=2",
+                "actor.world_size=4",
+            ],
+            "expert_model_parallel_size = 2 \\* 1 \\* 4 .*: set actor.world_size to a multiple of 8",
         ),
     ],
 )
