@@ -163,7 +163,9 @@ class TrainEngine(abc.ABC):
 
     @abc.abstractmethod
     def export_weights(self, dtype: torch.dtype, bucket_bytes: int) -> Iterator[WeightBucket]:
-        """Full (unsharded) weights in Hugging Face names and ``dtype``, in buckets of at most
+        """Full (unsharded) weights in Hugging Face checkpoint names and layouts (what ``save_pretrained``
+        writes: a mixture of experts' experts as per-expert tensors, which transformers 5 fuses in memory;
+        :class:`rlcore.weights.CheckpointFormat` converts) and ``dtype``, in buckets of at most
         ``bucket_bytes`` (see :func:`rlcore.weights.bucketize`). Every rank must iterate (collectives);
         only ranks where :meth:`holds_output` is true yield buckets. With a LoRA adapter: the merged
         weights ``W + scale * B A``, in the base model's names.

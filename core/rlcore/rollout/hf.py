@@ -30,7 +30,7 @@ import contextlib
 import difflib
 import random
 import threading
-from collections.abc import Iterable, Iterator, Sequence
+from collections.abc import Iterable, Iterator, Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
 
 import torch
@@ -62,7 +62,7 @@ from rlcore.api import (
 )
 from rlcore.rollout.config import HFRolloutConfig
 from rlcore.rollout.stopping import StopStrings, finish_response
-from rlcore.weights import assemble
+from rlcore.weights import CheckpointFormat, assemble
 
 
 class WeightLoadError(ValueError):
@@ -95,6 +95,8 @@ class HFRollout(RolloutEngine):
             eos_token_id=self.eos_ids, pad_token_id=self.pad_id, bos_token_id=self.tokenizer.bos_token_id
         )
         self.vocab_size = self.model.get_input_embeddings().num_embeddings
+        #: The weight stream's names and layouts (the checkpoint's) against the model's in memory.
+        self._checkpoint = CheckpointFormat(self.model)
         self._seeds = random.Random(spec.seed)
         self._lock = threading.Lock()  # one generate/load at a time: the model and RNG are shared
         self._executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix="hf-rollout")
@@ -330,19 +332,22 @@ class HFRollout(RolloutEngine):
         model's dtype and device) into the parameters, so a bad name, shape or an incomplete stream
         leaves the model as it was. Holding costs one copy of the streamed weights in the transport's
         memory. Tied parameters (``lm_head.weight`` and ``model.embed_tokens.weight`` when
-        ``tie_word_embeddings``) may arrive under either name or both (then they must be equal).
+        ``tie_word_embeddings``) may arrive under either name or both (then they must be equal). Names
+        and layouts are the checkpoint's: a mixture of experts' experts arrive one by one and are copied
+        into the model's fused expert tensors (:class:`rlcore.weights.CheckpointFormat`).
         """
         state = self.model.state_dict()
+        shapes = self._checkpoint.shapes
         staged: dict[str, torch.Tensor] = {}
         try:
             for name, tensor in assemble(buckets):
-                target = state.get(name)
-                if target is None:
-                    raise WeightLoadError(self._unknown_name_message(name, state))
-                if tuple(tensor.shape) != tuple(target.shape):
+                shape = shapes.get(name)
+                if shape is None:
+                    raise WeightLoadError(self._unknown_name_message(name, shapes))
+                if tuple(tensor.shape) != shape:
                     raise WeightLoadError(
                         f"weight stream sent {name!r} with shape {tuple(tensor.shape)}, but the rollout model "
-                        f"({self.spec.model_path}) has shape {tuple(target.shape)}; nothing was loaded. Do the "
+                        f"({self.spec.model_path}) has shape {shape}; nothing was loaded. Do the "
                         f"trainer and rollout load the same architecture?"
                     )
                 if name in staged:
@@ -356,17 +361,16 @@ class HFRollout(RolloutEngine):
                 close()
         _check_tied(staged, state)
         with self._lock, torch.no_grad():
-            for name, tensor in staged.items():
-                state[name].copy_(tensor)
+            self._checkpoint.copy_into(state, staged)
 
-    def _unknown_name_message(self, name: str, state: dict[str, torch.Tensor]) -> str:
-        valid = list(state)
+    def _unknown_name_message(self, name: str, shapes: Mapping[str, tuple[int, ...]]) -> str:
+        valid = list(shapes)
         close = difflib.get_close_matches(name, valid, n=3, cutoff=0.6) or valid[:3]
         return (
             f"weight stream sent {name!r}, which the rollout model {type(self.model).__name__} "
             f"({self.spec.model_path}) does not have; nothing was loaded. Close valid names: "
             f"{', '.join(repr(c) for c in close)}. The stream must use this architecture's Hugging Face "
-            f"parameter names (model.state_dict()), without wrapper prefixes such as 'module.'."
+            f"checkpoint names (as save_pretrained writes them), without wrapper prefixes such as 'module.'."
         )
 
     # -- memory ----------------------------------------------------------------------------------

@@ -454,3 +454,24 @@ def test_loop_default_and_config_choice(tiny_model):
     assert HFRolloutConfig().decode == "loop"
     with pytest.raises(ValueError, match="decode"):
         HFRolloutConfig(decode="beam")
+
+
+def test_mixture_of_experts_loads_from_per_expert_tensors(tmp_path):
+    """The stream carries the checkpoint's per-expert tensors; the HF rollout copies them into
+    transformers' fused experts (and refuses the fused in-memory names, saying what to send)."""
+    from rlcore.weights import CheckpointFormat
+
+    path = build_tiny_model(
+        tmp_path / "moe", architecture="qwen3_moe", hidden_size=32, intermediate_size=16, num_experts=3
+    )
+    engine = make_engine(path)
+    new = load_hf(path)
+    with torch.no_grad():
+        for p in new.parameters():
+            p.add_(torch.randn(p.shape))
+    engine.load_weights(bucketize(CheckpointFormat(new).to_checkpoint(new.named_parameters()), 4096))
+    loaded = engine.model.state_dict()
+    for name, tensor in new.state_dict().items():
+        assert torch.equal(loaded[name], tensor), name
+    with pytest.raises(WeightLoadError, match="experts.0.gate_proj.weight"):
+        engine.load_weights([[("model.layers.0.mlp.experts.gate_up_proj", torch.zeros(3, 32, 32))]])
