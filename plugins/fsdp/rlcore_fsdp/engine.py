@@ -13,6 +13,7 @@ steps AdamW with the warm-up/cosine schedule (:mod:`rlcore_fsdp.schedule`).
 
 from __future__ import annotations
 
+import functools
 import json
 import math
 from collections import defaultdict
@@ -26,7 +27,7 @@ import torch.distributed as dist
 from rlcore.adapters import adapter_name, write_peft_adapter
 from rlcore.api import Batch, DistInfo, EngineSpec, LossFn, TrainEngine, WeightBucket
 from rlcore.kernels.micro_batches import plan_micro_batches
-from rlcore.weights import bucketize
+from rlcore.weights import CheckpointFormat, bucketize
 from torch.distributed.checkpoint.state_dict import (
     StateDictOptions,
     get_model_state_dict,
@@ -445,8 +446,18 @@ class FSDPEngine(TrainEngine):
             yield adapter_name(*lora.split_name(name)), tensor.to(dtype)
 
     def _full_tensors(self, dtype: torch.dtype, with_tied: bool) -> Iterator[tuple[str, torch.Tensor]]:
-        """``(hf_name, full tensor)`` one at a time (an all-gather each), floating tensors cast to ``dtype``;
+        """``(hf_name, full tensor)`` one at a time (an all-gather each) in the checkpoint's names and
+        layouts, which vLLM, SGLang and ``from_pretrained`` load (a mixture of experts' fused experts as
+        per-expert tensors: :class:`rlcore.weights.CheckpointFormat`), floating tensors cast to ``dtype``;
         adapters merged into their base weights."""
+        return self._checkpoint_format.to_checkpoint(self._model_tensors(dtype, with_tied))
+
+    @functools.cached_property
+    def _checkpoint_format(self) -> CheckpointFormat:
+        return CheckpointFormat(self.module.hf)
+
+    def _model_tensors(self, dtype: torch.dtype, with_tied: bool) -> Iterator[tuple[str, torch.Tensor]]:
+        """:meth:`_full_tensors` in the model's in-memory names and layouts."""
         state = self.module.hf.state_dict()
         named = self._gathered()
         if self._lora_scales:
