@@ -10,7 +10,9 @@ first ``vocab`` rows of a padded one), computed once from the live parameters, a
 copies a whole stream with one multi-tensor copy.
 
 Only modules that vLLM would not process after loading may be written this way: the engine's worker
-decides which (:func:`direct_writable`), and everything else goes through the reload. The fused-module
+decides which (:func:`direct_writable`), and everything else goes through the reload. Fused
+mixture-of-experts modules never are: their per-expert checkpoint tensors go through the reload, which
+assembles them into the fused ``w13``/``w2`` weights (:func:`expert_containers`). The fused-module
 order is vLLM's ``packed_modules_mapping`` order, the order its weight loaders use for an unsharded
 (``tensor_parallel_size=1``) model; with tensor parallelism each worker holds a shard and the plan is not
 used.
@@ -19,6 +21,7 @@ used.
 from __future__ import annotations
 
 from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Set as AbstractSet
 
 import torch
 
@@ -33,7 +36,8 @@ class WritePlan:
     ``params``: vLLM's ``named_parameters()`` (tied parameters appear once). ``shapes``: the Hugging Face
     weights' full shapes. ``ties``: groups of Hugging Face names that are one tensor. ``packed``: vLLM's
     fused module -> the Hugging Face modules it holds, in order. ``writable``: the vLLM modules that may
-    be written directly (default: all).
+    be written directly (default: all). ``experts``: vLLM's fused mixture-of-experts modules, never
+    written directly.
 
     A name is planned when its target is found and the shapes agree; a vLLM module is planned only
     with every one of its weights, so :meth:`write` hands the reload whole modules.
@@ -46,13 +50,18 @@ class WritePlan:
         ties: Iterable[Sequence[str]] = (),
         packed: Mapping[str, Sequence[str]] | None = None,
         writable: Iterable[str] | None = None,
+        experts: Iterable[str] = (),
     ):
         packed = packed or {}
         allowed = None if writable is None else set(writable)
+        experts = tuple(experts)
+        containers = expert_containers(experts)
         views: dict[str, torch.Tensor] = {}
         for pname, param in params.items():
             module, _, leaf = pname.rpartition(".")
             if allowed is not None and module not in allowed:
+                continue
+            if any(module == e or module.startswith(f"{e}.") for e in experts):
                 continue
             head, _, last = module.rpartition(".")
             prefix = f"{head}." if head else ""
@@ -73,7 +82,7 @@ class WritePlan:
         # A vLLM module is written whole or not at all: the reload must never get part of a module.
         members: dict[str, list[str]] = {}
         for name in shapes:
-            members.setdefault(vllm_module_of(name, packed), []).append(name)
+            members.setdefault(vllm_module_of(name, packed, containers), []).append(name)
         for names in members.values():
             if not all(name in views for name in names):
                 for name in names:
@@ -123,15 +132,46 @@ def _copy(pending: dict[torch.device, tuple[list[torch.Tensor], list[torch.Tenso
     pending.clear()
 
 
-def vllm_module_of(name: str, packed: Mapping[str, Sequence[str]]) -> str:
+def vllm_module_of(
+    name: str, packed: Mapping[str, Sequence[str]], containers: AbstractSet[str] = frozenset()
+) -> str:
     """The vLLM module Hugging Face weight ``name`` loads into: ``model.layers.0.self_attn.k_proj.bias``
-    -> ``model.layers.0.self_attn.qkv_proj``."""
+    -> ``model.layers.0.self_attn.qkv_proj``. An expert's weight of a fused mixture-of-experts layer
+    (``containers``: :func:`expert_containers`) -> the layer's experts:
+    ``model.layers.0.mlp.experts.3.up_proj.weight`` -> ``model.layers.0.mlp.experts`` (the name stands
+    for vLLM's module of all the layer's experts; only the grouping matters)."""
+    if containers:
+        parts = name.split(".")
+        for i in range(len(parts) - 2, 0, -1):
+            if parts[i].isdigit():
+                prefix = ".".join(parts[:i])
+                if prefix in containers:
+                    return prefix
     parent = name.rpartition(".")[0]
     head, _, last = parent.rpartition(".")
     for fused, parts in packed.items():
         if last in parts:
             return f"{head}.{fused}" if head else fused
     return parent
+
+
+def expert_containers(fused_moe_modules: Iterable[str]) -> frozenset[str]:
+    """Where Hugging Face names put an expert index in front of the weights that vLLM's fused
+    mixture-of-experts modules ``fused_moe_modules`` hold.
+
+    vLLM keeps all experts of a layer in one module (``model.layers.0.mlp.experts.routed_experts``, with
+    ``w13_weight [E, 2I, H]`` and ``w2_weight [E, H, I]``); the checkpoint names each expert's tensors
+    (``model.layers.0.mlp.experts.3.gate_proj.weight``). The name of the layer's experts is the prefix the
+    two share up to that index; as vLLM's own module name may go on (``.routed_experts``), every prefix
+    of it within its layer (after its last index) is a candidate, and a Hugging Face name belongs to
+    the experts when one of them is followed by an index in it.
+    """
+    containers = set()
+    for module in fused_moe_modules:
+        parts = module.split(".")
+        last_index = max((i for i, part in enumerate(parts) if part.isdigit()), default=-1)
+        containers.update(".".join(parts[:j]) for j in range(last_index + 1, len(parts) + 1) if j > 0)
+    return frozenset(containers)
 
 
 def direct_writable(model: torch.nn.Module) -> set[str]:

@@ -7,7 +7,9 @@ that thread is parked. Settings that keep rollout log-probs equal to a trainer's
 - ``dtype`` is the rollout spec's (the trainer's): vLLM would load an fp32 checkpoint in bf16;
 - ``logprobs_mode="processed_logprobs"``: log-probs of ``logits / temperature``, not vLLM's raw default;
 - weights are loaded through vLLM's in-place reload with ``lm_head.weight`` sent even when tied, and the
-  prefix cache is reset after every load (else prompts longer than one KV block reuse stale KV).
+  prefix cache is reset after every load (else prompts longer than one KV block reuse stale KV);
+- mixture-of-experts layers are loaded whole, from the checkpoint's per-expert tensors, and repacked on
+  CPU (:mod:`rlcore_vllm.weight_stream`, :mod:`rlcore_vllm.worker`).
 
 In-process mode on CPU: vLLM binds this process's memory to one NUMA node and replaces
 ``torch.set_num_threads`` with a no-op for the whole process, because changing the thread count after
@@ -126,8 +128,9 @@ class VLLMRollout(RolloutEngine):
         try:
             with self._loop.exclusive() as llm:
                 packed = llm.collective_rpc("rlcore_packed_modules")[0]
+                experts = llm.collective_rpc("rlcore_fused_moe_modules")[0]
                 vllm_config = llm.llm_engine.vllm_config
-            self.weights = ModelWeights.from_pretrained(spec.model_path, packed)
+            self.weights = ModelWeights.from_pretrained(spec.model_path, packed, experts)
             #: ``direct`` or ``reload``: how weight loads reach the parameters (``vllm.weight_write``).
             self.weight_write = self._plan_weight_write(config.weight_write)
         except BaseException:

@@ -167,3 +167,46 @@ def test_a_wrong_shape_is_an_error_naming_the_weight():
     plan = WritePlan(params, {"layer.o_proj.weight": (2, 2)})
     with pytest.raises(ValueError, match="layer.o_proj.weight"):
         plan.write([("layer.o_proj.weight", torch.ones(2, 3))])
+
+
+def test_fused_experts_are_never_written_directly():
+    """A mixture-of-experts layer: vLLM's fused ``w13``/``w2`` weights are assembled from the
+    checkpoint's per-expert tensors by the reload, never by the plan; the router next to them is planned.
+    Even a parameter inside the fused module that looks like a Hugging Face weight (name and shape) is
+    left alone, which a plan without ``experts`` would write."""
+    experts = "model.layers.0.mlp.experts"
+    lookalike = f"{experts}.0.down_proj.weight"
+    params = {
+        f"{experts}.w13_weight": torch.zeros(2, 8, 4),
+        f"{experts}.w2_weight": torch.zeros(2, 4, 4),
+        lookalike: torch.zeros(4, 4),
+        "model.layers.0.mlp.gate.weight": torch.zeros(2, 4),
+    }
+    shapes = {
+        f"{experts}.{e}.{p}.weight": (4, 4) for e in range(2) for p in ("gate_proj", "up_proj", "down_proj")
+    }
+    shapes["model.layers.0.mlp.gate.weight"] = (2, 4)
+    assert lookalike in WritePlan(params, shapes, packed=PACKED).views
+    plan = WritePlan(params, shapes, packed=PACKED, experts=[experts])
+    assert set(plan.views) == {"model.layers.0.mlp.gate.weight"}
+    stream = [(n, torch.ones(s)) for n, s in shapes.items()]
+    rest = plan.write(stream)
+    assert [n for n, _ in rest] == [n for n, _ in stream if ".experts." in n]
+    assert bool((params["model.layers.0.mlp.gate.weight"] == 1).all())
+    assert all(bool((t == 0).all()) for n, t in params.items() if ".experts." in n)
+
+
+def test_fused_moe_layers_are_not_direct_writable():
+    """``direct_writable`` keeps only modules with unprocessed methods: vLLM's fused-MoE method is not one
+    (its weights are shuffled or repacked after loading)."""
+    from rlcore_vllm.direct_write import direct_writable
+
+    class Layer(torch.nn.Module):
+        def __init__(self, method: str):
+            super().__init__()
+            self.quant_method = type(method, (), {})()
+
+    model = torch.nn.Module()
+    model.gate = Layer("UnquantizedLinearMethod")
+    model.experts = Layer("UnquantizedFusedMoEMethod")
+    assert direct_writable(model) == {"", "gate"}

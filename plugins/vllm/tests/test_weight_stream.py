@@ -157,3 +157,92 @@ def test_failing_transport_is_reported_and_closed(weights):
         WeightStreamError, match=r"failed while being read \(ConnectionError: peer went away\)"
     ):
         stream.raise_if_failed()
+
+
+# -- mixtures of experts -----------------------------------------------------------------------------
+#: What the worker reports for the tiny MoE models: vLLM holds each layer's experts in one module.
+def fused_experts(block: str) -> list[str]:
+    return [f"model.layers.{i}.{block}.experts.routed_experts" for i in range(2)]
+
+
+@pytest.fixture(scope="module")
+def moe_weights(tiny_moe_path):
+    # With gate_up_proj, as vLLM's Qwen3-MoE packs it when some layers are dense: an expert's gate_proj
+    # must still go to the fused experts, not to a gate_up_proj of its own.
+    return ModelWeights.from_pretrained(str(tiny_moe_path("qwen3_moe")), QWEN2_PACKED, fused_experts("mlp"))
+
+
+@pytest.fixture(scope="module")
+def moe_checkpoint(tiny_moe_path):
+    from safetensors.torch import load_file
+
+    return load_file(str(tiny_moe_path("qwen3_moe") / "model.safetensors"))
+
+
+EXPERTS = "model.layers.0.mlp.experts"
+
+
+def expert_names(layer: int = 0, block: str = "mlp", parts=("gate_proj", "up_proj", "down_proj")):
+    return {f"model.layers.{layer}.{block}.experts.{e}.{p}.weight" for e in range(4) for p in parts}
+
+
+def test_moe_layout_is_the_checkpoints_and_experts_are_one_module(moe_weights, moe_checkpoint):
+    assert set(moe_weights.layout.shapes) == set(moe_checkpoint) | {"lm_head.weight"}
+    assert moe_weights.layout.shapes[f"{EXPERTS}.3.down_proj.weight"] == (64, 64)
+    assert moe_weights.module_of(f"{EXPERTS}.3.gate_proj.weight") == EXPERTS
+    assert (
+        moe_weights.module_of("model.layers.1.mlp.experts.0.down_proj.weight") == "model.layers.1.mlp.experts"
+    )
+    assert moe_weights.module_of("model.layers.0.mlp.gate.weight") == "model.layers.0.mlp.gate"  # the router
+    assert moe_weights.members()[EXPERTS] == expert_names()
+
+
+def test_mixtral_experts_are_one_module():
+    from rlcore_vllm.direct_write import expert_containers, vllm_module_of
+
+    containers = expert_containers(fused_experts("block_sparse_moe"))
+    block = "model.layers.1.block_sparse_moe"
+    assert vllm_module_of(f"{block}.experts.2.w3.weight", {}, containers) == f"{block}.experts"
+    assert vllm_module_of(f"{block}.gate.weight", {}, containers) == f"{block}.gate"
+    assert vllm_module_of("model.layers.1.self_attn.q_proj.weight", QWEN2_PACKED, containers) == (
+        "model.layers.1.self_attn.qkv_proj"
+    )
+
+
+def test_experts_are_held_until_every_expert_arrived(moe_weights, moe_checkpoint):
+    experts = sorted(expert_names())
+    order = experts[:5] + ["model.norm.weight"] + experts[5:]
+    stream, out = run(moe_weights, [[(n, moe_checkpoint[n])] for n in order])
+    stream.raise_if_failed()
+    names = [n for n, _ in out]
+    assert names[0] == "model.norm.weight", "the norm is complete first; the experts wait for the last one"
+    assert sorted(names[1:]) == experts
+    assert stream.loaded == ["model.norm", EXPERTS]
+
+
+def test_experts_missing_one_are_never_sent(moe_weights, moe_checkpoint):
+    missing = f"{EXPERTS}.2.up_proj.weight"
+    sent = sorted(expert_names() - {missing}) + ["model.norm.weight"]
+    stream, out = run(moe_weights, [[(n, moe_checkpoint[n]) for n in sent]])
+    assert [n for n, _ in out] == ["model.norm.weight"]
+    with pytest.raises(WeightStreamError, match=rf"only partly sent.*{EXPERTS} \(missing {missing}\)"):
+        stream.raise_if_failed()
+
+
+def test_expert_of_wrong_shape_is_refused(moe_weights, moe_checkpoint):
+    name = f"{EXPERTS}.1.down_proj.weight"
+    stream, out = run(moe_weights, [[(name, moe_checkpoint[name].t()[:32])]])
+    assert out == []
+    with pytest.raises(WeightStreamError, match=r"experts\.1\.down_proj\.weight' with shape \(32, 64\)"):
+        stream.raise_if_failed()
+
+
+def test_fused_in_memory_experts_are_refused_with_the_fix(moe_weights):
+    """transformers 5 holds the experts fused in memory; a trainer streaming ``state_dict()`` as it is
+    sends names vLLM cannot load, and is told how to convert them."""
+    stream, out = run(moe_weights, [[(f"{EXPERTS}.gate_up_proj", torch.zeros(4, 128, 64))]])
+    assert out == []
+    with pytest.raises(
+        WeightStreamError, match=r"in-memory \(fused\) form of 8 checkpoint tensors.*CheckpointFormat"
+    ):
+        stream.raise_if_failed()
