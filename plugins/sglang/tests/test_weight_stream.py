@@ -132,3 +132,28 @@ def test_a_bad_tensor_mid_stream_packs_what_came_before_then_raises(weights, ref
 def test_pack_rejects_a_bad_bound():
     with pytest.raises(ValueError, match="bucket_bytes must be positive"):
         list(pack([("a", torch.zeros(2))], bucket_bytes=0, device=torch.device("cpu")))
+
+
+def test_mixture_of_experts_goes_by_the_checkpoints_per_expert_names(tmp_path):
+    """SGLang's ``load_weights`` takes a mixture of experts as the checkpoint's per-expert tensors
+    (Mixtral's ``block_sparse_moe.experts.{e}.w1``), which the stream is checked against; transformers'
+    fused in-memory names are refused, saying what to send."""
+    from rlcore.testing.tiny import build_tiny_model
+    from rlcore.weights import CheckpointFormat
+    from transformers import AutoModelForCausalLM
+
+    path = build_tiny_model(
+        tmp_path / "mixtral", architecture="mixtral", hidden_size=32, intermediate_size=16, num_experts=3
+    )
+    weights = ModelWeights.from_pretrained(str(path))
+    model = AutoModelForCausalLM.from_pretrained(str(path), dtype=torch.float32)
+    named = list(CheckpointFormat(model).to_checkpoint(model.named_parameters()))
+    sent = dict(checked_tensors(bucketize(named, 4096), weights, torch.float32))
+    experts = "model.layers.0.block_sparse_moe.experts"
+    assert {f"{experts}.{e}.{w}.weight" for e in range(3) for w in ("w1", "w2", "w3")} <= set(sent)
+    assert set(sent) == weights.targets()
+    fused = [("model.layers.0.mlp.experts.gate_up_proj", torch.zeros(3, 32, 32))]
+    with pytest.raises(
+        WeightStreamError, match=r"in-memory \(fused\) form.*block_sparse_moe\.experts\.0\.w1"
+    ):
+        list(checked_tensors([fused], weights, torch.float32))
