@@ -62,6 +62,15 @@ class FSDPConfig:
     #: gather and one reduce-scatter per layer, as DDP would. Costs a full fp32 gradient and the gathered
     #: weights per rank: for models that fit that way; pair with ``reshard_after_forward: false``.
     reduce_grads_once_per_step: bool = False
+    #: Ulysses sequence parallelism (verl's ``ulysses_sequence_parallel_size``): each group of this many
+    #: consecutive ranks holds the same rows, and each rank of it a 1/size slice of every packed
+    #: micro-batch; attention exchanges q/k/v so each rank attends over the whole sequence for 1/size of the
+    #: heads (two all-to-alls per layer). Parameters stay sharded over all ranks. For sequences too long for
+    #: one device's activations. Must divide the role's world size (``world_size / size`` data-parallel
+    #: ranks) and the model's attention heads (key/value heads too, or be a multiple of them); needs
+    #: ``use_remove_padding: true`` with ``attn_implementation: varlen``. ``max_tokens_per_micro_batch``
+    #: then counts tokens per rank: a micro-batch packs up to ``size`` times as many.
+    sequence_parallel_size: int = attrs.field(default=1, validator=_positive)
     #: AdamW's fused kernel (``torch.optim.AdamW(fused=True)``): one launch per parameter group instead
     #: of several per-tensor ops; None lets torch choose (its per-op ``foreach`` path).
     fused_optimizer: bool | None = True

@@ -8,7 +8,9 @@ AdamW. The device, the collective backend and device-memory calls all come from 
 Per step, :meth:`FSDPEngine.train_step` splits the rank's rows into micro-batches (the same count on
 every rank, :mod:`rlcore_fsdp.micro_batches`), runs forward and backward on each with gradients
 accumulated and summed over ranks (the loss function already divides by global counts), clips, and
-steps AdamW with the warm-up/cosine schedule (:mod:`rlcore_fsdp.schedule`).
+steps AdamW with the warm-up/cosine schedule (:mod:`rlcore_fsdp.schedule`). With
+``fsdp.sequence_parallel_size`` groups of ranks share rows and split each packed micro-batch's tokens
+(:mod:`rlcore_fsdp.sequence_parallel`).
 """
 
 from __future__ import annotations
@@ -26,6 +28,7 @@ import torch
 import torch.distributed as dist
 from rlcore.adapters import adapter_name, write_peft_adapter
 from rlcore.api import Batch, DistInfo, EngineSpec, LossFn, TrainEngine, WeightBucket
+from rlcore.api.batch import to_device
 from rlcore.kernels.micro_batches import plan_micro_batches
 from rlcore.weights import CheckpointFormat, bucketize
 from torch.distributed.checkpoint.state_dict import (
@@ -53,6 +56,7 @@ from rlcore_fsdp.micro_batches import ModelInputs, build_inputs, equalize, token
 from rlcore_fsdp.model import HeadedModel, load_hf_model, torch_dtype
 from rlcore_fsdp.parallelize import parallelize
 from rlcore_fsdp.schedule import check_schedule, lr_factor
+from rlcore_fsdp.sequence_parallel import check_heads, gather_slots, new_group, shard_inputs
 
 #: What :meth:`FSDPEngine.infer` can return per head (``base_log_probs``: a LoRA engine's base model).
 HEAD_OUTPUTS = {"lm": ("log_probs", "entropy"), "value": ("values",), "score": ("scores",)}
@@ -127,11 +131,24 @@ class FSDPEngine(TrainEngine):
                 "fsdp.attn_implementation=varlen attends within packed sequences only; set "
                 "fsdp.use_remove_padding=true as well (or choose sdpa for padded micro-batches)"
             )
+        sp = config.sequence_parallel_size
+        if sp > 1 and not (config.use_remove_padding and config.attn_implementation == "varlen"):
+            raise ValueError(
+                f"fsdp.sequence_parallel_size={sp} splits packed micro-batches and attends through rlcore's "
+                f"var-len attention: set fsdp.use_remove_padding=true and fsdp.attn_implementation=varlen (they "
+                f"are {config.use_remove_padding} and {config.attn_implementation!r}), or sequence_parallel_size=1"
+            )
+        if self.dist.world_size % sp:
+            raise ValueError(
+                f"fsdp.sequence_parallel_size={sp} must divide the role's world size ({self.dist.world_size}): "
+                "each group of that many ranks is one data-parallel rank"
+            )
         self.param_dtype = torch_dtype(spec.dtype, "EngineSpec.dtype")
 
         self.device = self.platform.set_device(self.dist.local_rank)
         self._owns_process_group = init_process_group(self.platform, self.dist)
         mesh = init_device_mesh(self.platform.device_type, (self.dist.world_size,))
+        self._sp = new_group(sp) if sp > 1 else None
 
         attn = (
             varlen_attention.register()
@@ -139,6 +156,8 @@ class FSDPEngine(TrainEngine):
             else config.attn_implementation
         )
         hf = load_hf_model(spec.model_path, spec.head, self.param_dtype, attn, spec.seed)
+        if sp > 1:
+            check_heads(hf.config.get_text_config(), sp)
         # {adapted module: scale}; empty without LoRA. Injected before sharding, so FSDP shards the
         # adapter with its layer.
         self._lora_scales = lora.add_adapter(hf, spec.lora, spec.seed) if spec.lora is not None else {}
@@ -153,7 +172,11 @@ class FSDPEngine(TrainEngine):
         if not spec.trainable:
             hf.requires_grad_(False)
         self.module = HeadedModel(
-            hf, spec.head, compiled=config.compile, keep_logits=not config.recompute_logits
+            hf,
+            spec.head,
+            compiled=config.compile,
+            keep_logits=not config.recompute_logits,
+            sequence_parallel=self._sp,
         )
         parallelize(self.module, mesh, config, spec.gradient_checkpointing)
 
@@ -196,7 +219,7 @@ class FSDPEngine(TrainEngine):
                 self.module.set_reshard_after_backward(last)
             micro = batch.index(list(part.rows))
             inputs = build_inputs(micro, self.spec.head, self.config.use_remove_padding, anchor=True)
-            outputs, anchor = self._forward(inputs.to(self.device, pin=self._pin), len(micro), anchor=True)
+            outputs, anchor = self._forward(inputs, anchor=True)
             loss, metrics = loss_fn(outputs, micro.to(self.device, pin=self._pin))
             # Dummy micro-batches and the anchor only keep every rank's collectives in step.
             weight = 0.0 if part.dummy else 1.0
@@ -229,8 +252,18 @@ class FSDPEngine(TrainEngine):
         self.optimizer.zero_grad(set_to_none=True)
         return {**self._reduce_metrics(loss_sum, sums, counts), "grad_norm": grad_norm, "lr": lr}
 
-    def infer(self, batch: Batch, outputs: Sequence[str] = ("log_probs",)) -> Batch:
-        """See :meth:`rlcore.api.TrainEngine.infer`; results are CPU tensors, zero at padding."""
+    def dp_rank_and_size(self) -> tuple[int, int]:
+        """Each group of ``fsdp.sequence_parallel_size`` consecutive ranks is one data-parallel rank."""
+        sp = self.config.sequence_parallel_size
+        return self.dist.rank // sp, self.dist.world_size // sp
+
+    def holds_output(self) -> bool:
+        """The first rank of each sequence-parallel group returns the group's :meth:`infer` results."""
+        return self._sp is None or self._sp.rank == 0
+
+    def infer(self, batch: Batch, outputs: Sequence[str] = ("log_probs",)) -> Batch | None:
+        """See :meth:`rlcore.api.TrainEngine.infer`; results are CPU tensors, zero at padding (None on the
+        ranks that do not :meth:`holds_output`: they computed the same)."""
         if isinstance(outputs, str):
             outputs = [outputs]
         allowed = HEAD_OUTPUTS[self.spec.head]
@@ -257,7 +290,7 @@ class FSDPEngine(TrainEngine):
             finally:
                 lora.set_adapter_enabled(self.module, True)
             result["base_log_probs"] = base_out["log_probs"]
-        return Batch(result)
+        return Batch(result) if self.holds_output() else None
 
     def _infer_pass(self, batch: Batch, outputs: Sequence[str]) -> dict[str, torch.Tensor]:
         result: dict[str, torch.Tensor] = {}
@@ -265,7 +298,7 @@ class FSDPEngine(TrainEngine):
             for part in self._micro_batches(batch):
                 micro = batch.index(list(part.rows))
                 inputs = build_inputs(micro, self.spec.head, self.config.use_remove_padding)
-                placed, _ = self._forward(inputs.to(self.device, pin=self._pin), len(micro), anchor=False)
+                placed, _ = self._forward(inputs, anchor=False)
                 if part.dummy:
                     continue
                 rows = torch.tensor(part.rows)
@@ -381,10 +414,28 @@ class FSDPEngine(TrainEngine):
         self._owns_process_group = False
 
     # -- internals ---------------------------------------------------------------------------------
-    def _forward(
-        self, inputs: ModelInputs, rows: int, anchor: bool
+    def _forward(self, inputs: ModelInputs, anchor: bool) -> tuple[dict[str, torch.Tensor], torch.Tensor]:
+        """Run the model on one micro-batch (``inputs`` on the host); place the ``M`` flat results as
+        ``[b, R]`` (or ``[b]``) on the device."""
+        flat, anchor_term = self._head_outputs(inputs, anchor)
+        if self.spec.head == "score":
+            return {"scores": flat["values"]}, anchor_term
+        # index_copy, not masked_scatter: the latter's backward (masked_select) waits for the device.
+        shape = inputs.response_valid.shape
+        index = to_device(inputs.response_index, self.device, self._pin)
+        placed = {k: v.new_zeros(shape.numel()).index_copy(0, index, v).view(shape) for k, v in flat.items()}
+        return placed, anchor_term
+
+    def _head_outputs(
+        self, inputs: ModelInputs, anchor: bool
     ) -> tuple[dict[str, torch.Tensor], torch.Tensor]:
-        """Run the model on one micro-batch; place the ``M`` flat results as ``[b, R]`` (or ``[b]``)."""
+        """The head's ``M`` flat results for ``inputs`` (on the host) and, with ``anchor``, the anchor
+        position's results summed (zero otherwise). With sequence parallelism the model runs on this
+        rank's slice, and the results come back whole, the same on every rank of the group."""
+        slots = None
+        if self._sp is not None:
+            inputs, slots, total = shard_inputs(inputs, self._sp, anchor)
+        inputs = inputs.to(self.device, pin=self._pin)
         flat = self.module(
             **inputs.model_kwargs(),
             temperature=self.spec.temperature,
@@ -394,21 +445,18 @@ class FSDPEngine(TrainEngine):
         if anchor:
             anchor_term = sum(v[-1] for v in flat.values())
             flat = {k: v[:-1] for k, v in flat.items()}
-        if self.spec.head == "score":
-            return {"scores": flat["values"]}, anchor_term
-        # index_copy, not masked_scatter: the latter's backward (masked_select) waits for the device.
-        shape = inputs.response_valid.shape
-        placed = {
-            k: v.new_zeros(shape.numel()).index_copy(0, inputs.response_index, v).view(shape)
-            for k, v in flat.items()
-        }
-        return placed, anchor_term
+        if slots is not None:
+            slots = to_device(slots, self.device, self._pin)
+            flat = {k: gather_slots(v, slots, total, self._sp) for k, v in flat.items()}
+        return flat, anchor_term
 
     def _micro_batches(self, batch: Batch):
+        # The token budget is per rank; a sequence-parallel group splits each micro-batch over its ranks.
+        max_tokens = self.spec.max_tokens_per_micro_batch
+        if max_tokens is not None:
+            max_tokens *= self.config.sequence_parallel_size
         parts = plan_micro_batches(
-            token_costs(batch, self.config.use_remove_padding),
-            self.spec.micro_batch_size,
-            self.spec.max_tokens_per_micro_batch,
+            token_costs(batch, self.config.use_remove_padding), self.spec.micro_batch_size, max_tokens
         )
         count = torch.tensor([len(parts)], device=self.device)
         dist.all_reduce(count, op=dist.ReduceOp.MAX)
@@ -419,6 +467,8 @@ class FSDPEngine(TrainEngine):
         if self.dist.world_size > 1:
             gathered = [None] * self.dist.world_size
             dist.all_gather_object(gathered, (loss_sum, dict(sums), dict(counts)))
+            # The ranks of a sequence-parallel group computed the same loss on the same rows: count one.
+            gathered = gathered[:: self.config.sequence_parallel_size]
         out = {"loss": sum(g[0] for g in gathered)}
         for key in sorted({k for g in gathered for k in g[1]}):
             n = sum(g[2].get(key, 0) for g in gathered)
@@ -526,26 +576,22 @@ class FSDPEngine(TrainEngine):
         vocab = self.module.hf.config.get_text_config().vocab_size
         n_a, n_b = 6, 5
         b_ids = [(7 * i + 3) % vocab for i in range(n_b)]
-        position_ids = torch.cat([torch.arange(n_a), torch.arange(n_b)])[None].to(self.device)
-        index = torch.arange(n_a, n_a + n_b, device=self.device)
-        targets = torch.tensor(b_ids[1:] + b_ids[:1], device=self.device)
         results = []
         self.module.eval()
         with torch.no_grad():
             for offset in (1, 2):
                 a_ids = [(11 * i + offset) % vocab for i in range(n_a)]
-                ids = torch.tensor(a_ids + b_ids, device=self.device)[None]
-                out = self.module(
-                    ids,
-                    position_ids,
-                    None,
-                    index,
-                    targets,
-                    self.spec.temperature,
-                    self.config.logits_chunk_size,
-                    cu_seq_lens=torch.tensor([0, n_a, n_a + n_b], dtype=torch.int32, device=self.device),
+                inputs = ModelInputs(
+                    input_ids=torch.tensor(a_ids + b_ids)[None],
+                    position_ids=torch.cat([torch.arange(n_a), torch.arange(n_b)])[None],
+                    attention_mask=None,
+                    index=torch.arange(n_a, n_a + n_b),
+                    targets=torch.tensor(b_ids[1:] + b_ids[:1]),
+                    response_valid=None,
+                    cu_seq_lens=torch.tensor([0, n_a, n_a + n_b], dtype=torch.int32),
                     max_length=max(n_a, n_b),
                 )
+                out, _ = self._head_outputs(inputs, anchor=False)
                 results.append(next(iter(out.values())).float())
         diff = float((results[0] - results[1]).abs().max())
         if not diff <= 1e-3 * (1.0 + float(results[0].abs().max())):

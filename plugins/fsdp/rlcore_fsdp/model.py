@@ -9,6 +9,10 @@ micro-batch (padded ``[b, T]`` or packed ``[1, N]``), picks the ``M`` hidden sta
   (:mod:`rlcore.kernels.logits`);
 - ``"value"`` / ``"score"``: the scalar of a one-output linear head (``values``).
 
+With sequence parallelism the inputs are this rank's slice of a packed row, and the model hands the
+group down to the attention layers (:mod:`rlcore_fsdp.sequence_parallel`); the head reads the slice's
+own positions, as it would any row's.
+
 Running the head inside the root's forward matters: FSDP gathers the root's parameters (embeddings,
 final norm, output layer) around the root's forward and backward, not around a direct call to a
 submodule.
@@ -21,6 +25,9 @@ from pathlib import Path
 import torch
 import torch.nn as nn
 from rlcore.kernels.logits import linear_log_probs
+
+from rlcore_fsdp.attention import SP_KWARG
+from rlcore_fsdp.sequence_parallel import SequenceParallel
 
 #: Hugging Face auto class per head. Value models load as token classifiers and reward models as
 #: sequence classifiers with one label, so ``export_hf`` writes folders those classes load again.
@@ -115,12 +122,20 @@ def decoder_layers(model: nn.Module) -> list[nn.Module]:
 class HeadedModel(nn.Module):
     """An HF model plus the reading of its head at chosen token positions (the FSDP root module)."""
 
-    def __init__(self, hf_model: nn.Module, head: str, compiled: bool = False, keep_logits: bool = False):
+    def __init__(
+        self,
+        hf_model: nn.Module,
+        head: str,
+        compiled: bool = False,
+        keep_logits: bool = False,
+        sequence_parallel: SequenceParallel | None = None,
+    ):
         super().__init__()
         self.hf = hf_model
         self.head = head
         self.compiled = compiled  # fuse the log-prob head's elementwise work (torch.compile)
         self.keep_logits = keep_logits  # keep the head's logits for the backward (rlcore.kernels.logits)
+        self.sequence_parallel = sequence_parallel  # inputs are this rank's slice (varlen attention only)
 
     def backbone(self) -> nn.Module:
         return getattr(self.hf, self.hf.base_model_prefix)
@@ -153,6 +168,8 @@ class HeadedModel(nn.Module):
                 max_length_q=max_length,
                 max_length_k=max_length,
             )
+            if self.sequence_parallel is not None:
+                packing[SP_KWARG] = self.sequence_parallel
         out = self.backbone()(
             input_ids=input_ids,
             attention_mask=attention_mask,
