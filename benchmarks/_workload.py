@@ -1,7 +1,7 @@
 """The training workload the engine benchmarks share (``fsdp_train.py``, ``megatron_gpu.py``), so their
 rows measure exactly the same thing: the model shapes, the RL-like steps, the loss and the FLOP count.
 
-Models are random-init Qwen2.5-shaped ``Qwen2Config``s built here (no download). A step is sequences of
+Models are random-init Qwen2.5-shaped ``Qwen2Config``s (and one Qwen3-1.7B shape) built here (no download). A step is sequences of
 ``min_len..max_len`` real tokens (uniform) until ``tokens`` are reached, a quarter prompt (left-padded)
 and the rest response (right-padded), as rlcore batches are laid out. The loss is the response-token
 NLL divided by the step's global response-token count (rlcore's normalisation).
@@ -53,6 +53,14 @@ SHAPES = {
         num_attention_heads=28,
         num_key_value_heads=4,
     ),
+    # Qwen3-1.7B (its head_dim 128 is hidden / heads, as for the Qwen2.5 shapes).
+    "qwen3-1.7b": dict(
+        hidden_size=2048,
+        intermediate_size=6144,
+        num_hidden_layers=28,
+        num_attention_heads=16,
+        num_key_value_heads=8,
+    ),
     "tiny": dict(
         hidden_size=64,
         intermediate_size=128,
@@ -64,13 +72,19 @@ SHAPES = {
 VOCAB = {"tiny": 512, "qwen2.5-7b": 152064}
 #: Shapes whose output layer is its own matrix (Qwen2.5-7B); the smaller ones tie it to the embedding.
 UNTIED = {"qwen2.5-7b"}
+#: Shapes of another family than Qwen2 (HF ``model_type``): Qwen3 has no q/k/v biases and normalises each
+#: query and key head (q/k RMSNorm).
+ARCHITECTURE = {"qwen3-1.7b": "qwen3"}
 
 
-def qwen2_config(name: str):
-    from transformers import Qwen2Config
+def model_config(name: str):
+    """The HF config of the random model ``name`` (a key of :data:`SHAPES`)."""
+    import transformers
 
     shape = SHAPES[name]
-    return Qwen2Config(
+    family = ARCHITECTURE.get(name, "qwen2")
+    cls = {"qwen2": transformers.Qwen2Config, "qwen3": transformers.Qwen3Config}[family]
+    return cls(
         **shape,
         vocab_size=VOCAB.get(name, 151936),
         head_dim=shape["hidden_size"] // shape["num_attention_heads"],
@@ -82,16 +96,16 @@ def qwen2_config(name: str):
 
 
 def save_random_model(name: str, folder: Path, device: torch.device) -> Path:
-    """A random-init Qwen2 causal LM of shape ``name`` saved in bf16 under ``folder/name`` (built on
+    """A random-init causal LM of shape ``name`` saved in bf16 under ``folder/name`` (built on
     ``device``: fast); reused when already there."""
-    from transformers import Qwen2ForCausalLM
+    from transformers import AutoModelForCausalLM
 
     path = folder / name
     if (path / "config.json").is_file():
         return path
     torch.manual_seed(0)
     with torch.device(device):
-        model = Qwen2ForCausalLM(qwen2_config(name)).to(torch.bfloat16)
+        model = AutoModelForCausalLM.from_config(model_config(name)).to(torch.bfloat16)
     model.save_pretrained(str(path))
     del model
     return path

@@ -60,7 +60,7 @@ from _workload import (
     host_threads,
     nll_loss,
     peak_memory_gib,
-    qwen2_config,
+    model_config,
     reset_peak_memory,
     rl_batch,
     save_random_model,
@@ -209,7 +209,7 @@ def worker(rank: int, world: int, port: int, args, model_name: str, path: str, o
     info = DistInfo(rank=rank, world_size=world, local_rank=rank, master_port=port)
     platform.set_device(rank)
     init_process_group(platform, info)  # the engines join it; the naive loop's DDP uses it
-    config = qwen2_config(model_name)
+    config = model_config(model_name)
     steps = args.warmup + args.steps
     # Global batches (same for every system); each rank trains its data-parallel share.
     global_batches = [

@@ -133,9 +133,10 @@ def _rows(stage: str, model: str):
     return lambda ctx: [save_model(model), *rows(ctx, stage, model)]
 
 
-def _seq2(size: str):
-    """seq-* on GPU 0 (the row) and rerun-* on GPU 1 (its independent re-run) at once."""
-    model = f"qwen2.5-{size}"
+def _seq2(size: str, model: str | None = None):
+    """seq-* on GPU 0 (the row) and rerun-* on GPU 1 (its independent re-run) at once; ``model``: a shape
+    of ``_workload.SHAPES`` other than ``qwen2.5-<size>``."""
+    model = model or f"qwen2.5-{size}"
     return lambda ctx: [
         save_model(model),
         Parallel(
@@ -422,6 +423,12 @@ STAGES = [
         _seq2("0.5b"),
     ),
     _stage("seq2-1.5b", "the same at 1.5B", 320, _seq2("1.5b")),
+    _stage(
+        "seq2-qwen3-1.7b",
+        "the same with the Qwen3-1.7B shape (q/k norms; issue 36's megatron-qwen3-dense-tp1 row and its re-run)",
+        340,
+        _seq2("qwen3-1.7b", "qwen3-1.7b"),
+    ),
     _stage(
         "tp2", "Megatron TP=2, DP=2 and PP=2 over both GPUs (0.5B), each profiling one more step", 110, _tp2
     ),
