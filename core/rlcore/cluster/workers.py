@@ -480,6 +480,11 @@ class RolloutWorker(Worker):
 
     @reports_phase
     def generate(self, prompts: list[list[int]], params: SamplingParams) -> list[list[Completion]]:
+        # With fewer prompts than replicas (a small validation set, a DAPO refill, one episode) some
+        # replicas get none: they answer without asking their engine, which may refuse an empty request
+        # list (SGLang: "input_ids cannot be empty").
+        if not prompts:
+            return []
         return self.engine.generate(prompts, params)
 
     @reports_phase
@@ -489,6 +494,8 @@ class RolloutWorker(Worker):
         """Multi-turn episodes with tools (:mod:`rlcore.agents`) instead of single turns: ``params.n``
         per prompt, as :meth:`generate` returns them. ``agent`` is the ``agent:`` section; the tools and
         the tokenizer (from ``tokenizer_path``) are built on the first call and kept while it is unchanged."""
+        if not prompts:  # as in generate
+            return []
         return self._agent_loop(agent, tokenizer_path).run(prompts, params)
 
     def _agent_loop(self, agent: Any, tokenizer_path: str) -> Any:

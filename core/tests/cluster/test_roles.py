@@ -266,6 +266,36 @@ def test_generate_splits_prompts_over_engines_and_keeps_their_order(ray_rollout)
     assert ray_rollout.num_engines == 2
 
 
+class EmptyRefused:
+    """Wraps a replica's engine to refuse an empty request list, as SGLang's does, and count calls."""
+
+    def __init__(self, engine):
+        self.engine, self.calls = engine, []
+
+    def generate(self, prompts, params):
+        if not prompts:
+            raise ValueError("input_ids cannot be empty.")
+        self.calls.append(len(prompts))
+        return self.engine.generate(prompts, params)
+
+
+@pytest.mark.parametrize("count", [1, 3, 4, 9])
+def test_fewer_prompts_than_replicas_leave_the_others_out_and_spread_evenly(count):
+    """Four replicas: 1 or 3 prompts go one to a replica and the rest are not called (no empty request
+    list reaches an engine); 9 prompts go 3, 2, 2, 2, never one replica with two shares."""
+    rollout = RolloutRole(LocalGroup.rollout("fake", ROLLOUT_SPEC, num_engines=4, device="cpu"))
+    engines = []
+    for worker in rollout.group.workers:
+        worker.engine = EmptyRefused(worker.engine)
+        engines.append(worker.engine)
+    prompts = [[i + 1, i + 2, i + 3] for i in range(count)]
+    out = rollout.generate(prompts, SamplingParams(n=2, max_tokens=3))
+    assert [[c.prompt_ids for c in group] for group in out] == [[p, p] for p in prompts]
+    calls = [sum(e.calls) for e in engines]
+    assert sum(calls) == count and max(calls) - min(calls) <= 1
+    assert all(len(e.calls) == (1 if n else 0) for e, n in zip(engines, calls, strict=True))
+
+
 def test_in_process_backend_syncs_in_process():
     actor = TrainRole("actor", LocalGroup.train("actor", "fake", SPEC, device="cpu"))
     rollout = RolloutRole(LocalGroup.rollout("fake", ROLLOUT_SPEC, device="cpu"))
