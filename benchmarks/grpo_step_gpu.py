@@ -202,8 +202,19 @@ def run_rlcore(inputs: dict, steps: int, out: Path, timeout: float, extra: list[
     }
 
 
-def summarize(steps: list[dict], profiled: int = 0) -> dict:
-    """Medians over the steps after the first, the profiled one left out."""
+def controller_seconds(step: dict) -> float:
+    """One step's time outside its phases and release/resume: the driver's own work (dispatch, batch
+    assembly, metrics) and waiting between phases. Never negative: a step's phases run inside it."""
+    inside = sum(step.get(f"timing/{p}", 0.0) for p in PHASES) + step.get("timing/release_resume", 0.0)
+    return max(0.0, step["timing/step"] - inside)
+
+
+def summarize(steps: list[dict], profiled: int = 0, gpus: int = 1) -> dict:
+    """Medians over the steps after the first, the profiled one left out. ``gpus``: devices the run
+    used (:func:`gpus_used`), which ``tokens_per_s_per_gpu`` divides by.
+
+    ``controller_s`` is the median of each step's own remainder (:func:`controller_seconds`): a step
+    minus the medians of its phases mixes different steps and came out negative."""
     timed = [s for s in steps[1:] if s["step"] != profiled] or steps
 
     def med(key: str) -> float | None:
@@ -217,15 +228,33 @@ def summarize(steps: list[dict], profiled: int = 0) -> dict:
         "step_range_s": [min(s["timing/step"] for s in timed), max(s["timing/step"] for s in timed)],
         "phases_s": {k: v for k, v in phases.items() if v is not None},
         "release_resume_s": med("timing/release_resume"),
-        "controller_s": step - sum(v for v in phases.values() if v is not None),
+        "controller_s": statistics.median(controller_seconds(s) for s in timed),
         "tokens_per_step": med("tokens/total"),
         "response_length_mean": med("response_length/mean"),
         "sync_s": med("sync/seconds"),
         "reward_mean_by_step": [s.get("reward/mean") for s in steps],
         "steps_timed": len(timed),
+        "gpus": gpus,
     }
-    out["tokens_per_s_per_gpu"] = out["tokens_per_step"] / step
+    out["tokens_per_s"] = out["tokens_per_step"] / step
+    out["tokens_per_s_per_gpu"] = out["tokens_per_s"] / gpus
     return out
+
+
+def gpus_used(run_dir: Path, roles: tuple[str, ...] = ("actor", "rollout")) -> int:
+    """Devices the run in ``run_dir`` held: its resolved ``config.yaml`` through rlcore's own placement
+    rule (colocated roles share devices, split ones do not, a hybrid rollout lives in the actor's)."""
+    from rlcore.cluster.placement import plan_placement, role_sizes_from_config
+    from rlcore.config import load_config
+
+    config = load_config(run_dir / "config.yaml")
+    placement = plan_placement(
+        config.trainer.placement,
+        role_sizes_from_config(config, roles),
+        resource="GPU",
+        rollout_tensor_parallel=config.rollout.tensor_parallel_size,
+    )
+    return sum(pool.num_bundles for pool in placement.pools.values())
 
 
 def raw_generate_child(model: str, repeats: int, result: Path) -> None:
@@ -350,9 +379,10 @@ def main() -> None:
     if not args.skip_rlcore:
         extra = [*args.overrides, f"trainer.profile_step={args.profile_step}"]
         run = run_rlcore(inputs, args.steps, args.out, args.timeout, extra, args.name)
+        gpus = gpus_used(args.out / "runs" / args.name)
         result["rlcore"] = {
             **{k: v for k, v in run.items() if k != "steps"},
-            **summarize(run["steps"], args.profile_step),
+            **summarize(run["steps"], args.profile_step, gpus),
             "profile_step": args.profile_step,
         }
         result["rlcore_steps"] = run["steps"]

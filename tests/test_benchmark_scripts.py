@@ -220,3 +220,34 @@ def test_async_gpu_commands_stop_strings_and_steady_state_summary(tmp_path):
     )
     assert dry.returncode == 0, dry.stderr[-3000:]
     assert "trainer.mode=one_step_off" in dry.stdout and "rollout.stop=['t170','t171']" in dry.stdout
+
+
+def test_the_grpo_step_benchmark_divides_throughput_by_its_gpus_and_never_reports_negative_controller_time(
+    tmp_path,
+):
+    """Issue 35's accounting: ``tokens_per_s_per_gpu`` divides by the devices the run held (from its
+    config through the placement rule), and ``controller_s`` is each step's own remainder."""
+    sys.path.insert(0, str(ROOT / "benchmarks"))
+    import grpo_step_gpu
+    from rlcore.config import load_config, to_yaml
+
+    def step(k, total, generate, update, release=0.5):
+        return {"step": k, "timing/step": total, "timing/generate": generate, "timing/update_actor": update,
+                "timing/release_resume": release, "tokens/total": 1000.0, "response_length/mean": 10.0}  # fmt: skip
+
+    # Medians of phases from different steps add up to more than the median step (8 + 3 + 0.5 > 10):
+    # the old subtraction said -1.5 s.
+    steps = [step(1, 99, 0, 0), step(2, 10, 8, 1), step(3, 12, 2, 9), step(4, 10, 8, 1)]
+    summary = grpo_step_gpu.summarize(steps, gpus=4)
+    assert summary["controller_s"] == 0.5  # per step: 0.5, 0.5, 0.5
+    assert summary["tokens_per_s"] == 100.0 and summary["tokens_per_s_per_gpu"] == 25.0
+
+    for overrides, gpus in (
+        (["actor.world_size=4", "rollout.num_engines=4"], 4),  # colocated: the roles share the four
+        (["actor.world_size=2", "rollout.num_engines=2", "trainer.placement=split"], 4),
+        (["actor.world_size=1"], 1),
+    ):
+        run = tmp_path / str(len(list(tmp_path.iterdir())))
+        run.mkdir()
+        (run / "config.yaml").write_text(to_yaml(load_config(overrides=overrides, rollout="hf")))
+        assert grpo_step_gpu.gpus_used(run) == gpus, overrides
