@@ -251,3 +251,16 @@ def test_the_grpo_step_benchmark_divides_throughput_by_its_gpus_and_never_report
         run.mkdir()
         (run / "config.yaml").write_text(to_yaml(load_config(overrides=overrides, rollout="hf")))
         assert grpo_step_gpu.gpus_used(run) == gpus, overrides
+
+
+def test_the_moe_experts_benchmark_checks_every_variant_against_the_sequential_one(tmp_path):
+    """CPU smoke size, fp32: each way of computing the experts gives the sequential loop's output and
+    gradients (a wrong offset or padding would not)."""
+    out = tmp_path / "moe.json"
+    subprocess.run(
+        [sys.executable, "benchmarks/moe_experts_gpu.py", "--tiny", "--out", str(out)], check=True, cwd=ROOT
+    )
+    results = json.loads(out.read_text())["results"]
+    assert set(results) == {"sequential", "grouped_mm", "padded_bmm"}
+    for name, result in results.items():
+        assert max(result["max_abs_diff_vs_sequential"].values()) < 1e-5, name

@@ -35,6 +35,28 @@ STAGES = [
         project=False,
     ),
     Stage(
+        "moe-experts",
+        "moe_experts_gpu.py: one Qwen3-30B-A3B expert layer, sequential per-expert matmuls against torch's grouped GEMM "
+        "and a padded bmm, fwd + bwd, 16k tokens (twice: the row and its re-run), 4k tokens, even routing",
+        "benchmarks/moe_experts_gpu.py",
+        90,
+        lambda ctx: [
+            Run(
+                f"moe-experts-{name}",
+                120,
+                (PY, "benchmarks/moe_experts_gpu.py", *args, "--out", f"{ctx.res}/moe_experts_{name}.json"),
+            )
+            for name, args in (
+                ("16k", ()),
+                ("16k_rerun", ()),
+                ("4k", ("--tokens", "4096")),
+                ("16k_even", ("--skew", "0")),
+            )
+        ],
+        project=False,
+        path=("core",),
+    ),
+    Stage(
         "fa4-attention",
         "attention_gpu.py: flash-attn-4's var-len kernel against PyTorch's, fwd + bwd, 0.5B / 1.5B / 7B heads",
         "benchmarks/attention_gpu.py",
