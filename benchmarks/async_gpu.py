@@ -35,7 +35,7 @@ tokens of the trained batches (``tokens/total``) over the wall seconds of the st
 ``--steady-from`` .. ``--steps``; ``timing/step``, which in the overlapping modes is the wall time between
 the ends of consecutive steps). Reported: that aggregate, and the median, min and max of the per-step
 values. Each run writes ``<out>/<run>_<shape>.json`` (summary and every step's metrics) and copies the
-run's ``timeline.jsonl`` and ``timeline.png`` beside it; ``<out>/async_<shape>.json`` gathers every run
+run's ``timeline.jsonl`` and ``timeline.png`` beside it; ``<out>/comparison_<shape>.json`` gathers every run
 of the shape and compares the best synchronous configuration with the best overlapping one.
 
     python benchmarks/async_gpu.py --shape 0.5B --config colocated-sync --out /tmp/res/async
@@ -301,14 +301,20 @@ def _entry(config: str, summary: dict, **extra) -> dict:
     return {"config": config, **{k: summary[k] for k in keep}, **extra}
 
 
+#: The gathered file's prefix. It was ``async_``, the ``async`` configuration's own prefix, so that run's
+#: results were overwritten by the comparison and left out of it (4 x H200, 2026-11-28).
+COMPARISON = "comparison_"
+
+
 def gather(out: Path, shape: str, partial_from: int | None = None) -> dict:
-    """``async_<shape>.json``: every finished run of the shape (summaries) and the comparison. With
+    """``comparison_<shape>.json``: every finished run of the shape (summaries) and the comparison (not
+    ``async_<shape>.json``, which is the ``async`` configuration's own run file). With
     ``partial_from``, also the runs that did not finish (cut by their timeout), from the steps they
     logged (``runs/<run>_<shape>/metrics.jsonl`` or ``<run>_<shape>_metrics.jsonl``), steps
     ``partial_from`` and later: flagged ``partial``."""
     runs = {}
     for path in sorted(out.glob(f"*_{shape}.json")):
-        if path.name.startswith("async_"):
+        if path.name.startswith(COMPARISON):
             continue
         data = json.loads(path.read_text())
         if "summary" in data:
@@ -335,7 +341,7 @@ def gather(out: Path, shape: str, partial_from: int | None = None) -> dict:
         "runs": runs,
         "comparison": compare(runs) if runs else {},
     }
-    name = f"async_{shape}.json" if partial_from is None else f"async_{shape}_partial.json"
+    name = f"{COMPARISON}{shape}.json" if partial_from is None else f"{COMPARISON}{shape}_partial.json"
     (out / name).write_text(json.dumps(result, indent=2))
     return result
 
@@ -343,7 +349,7 @@ def gather(out: Path, shape: str, partial_from: int | None = None) -> dict:
 def workload(out: Path, shape: str) -> dict:
     for path in sorted(out.glob(f"*_{shape}.json")):
         data = json.loads(path.read_text())
-        if "workload" in data and not path.name.startswith("async_"):
+        if "workload" in data and not path.name.startswith(COMPARISON):
             return data["workload"]
     return {}
 

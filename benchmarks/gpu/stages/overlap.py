@@ -49,7 +49,7 @@ def _runs(shape: str, repeat: int):
             )
             suffix = "" if repeat == 1 else f"-r{repeat}"
             actions += [FreeGpu(), Run(f"async-{config}{suffix}-{shape}", limit, argv, tail=45)]
-        actions.append(Do(f"print the comparison in {out}/async_{shape}.json", _print(out, shape)))
+        actions.append(Do(f"print the comparison in {out}/comparison_{shape}.json", _print(out, shape)))
         return actions
 
     return build
@@ -57,7 +57,7 @@ def _runs(shape: str, repeat: int):
 
 def _print(out: str, shape: str):
     def show(ctx: Ctx) -> None:
-        path = Path(out, f"async_{shape}.json")
+        path = Path(out, f"comparison_{shape}.json")
         if path.is_file():
             print(json.dumps(json.loads(path.read_text())["comparison"], indent=1), flush=True)
 
