@@ -31,6 +31,9 @@ def _run(engine, batch, r, key):
         1 for name, _ in engine.module.named_modules() if name.split(".")[-2:-1] == ["local_experts"]
     )
     r[f"{key}_sequence_parallel"] = engine.tf_config.sequence_parallel
+    r[f"{key}_expert_modules"] = sorted(
+        {type(m).__name__ for n, m in engine.module.named_modules() if n.endswith("mlp.experts")}
+    )
     r[f"{key}_export0"] = _export(engine)
     r[f"{key}_infer"] = _infer(engine, part, ("log_probs", "entropy"))
     r[f"{key}_metrics"] = engine.train_step(part, nll_loss)
@@ -44,7 +47,8 @@ def arch1(rank, world, port, paths, batch, work_dir):
     for arch, path in paths.items():
         _run(_engine_for(path, rank, world, port), batch, r, arch)
     # The load-balancing loss, on packed rows (no padding tokens routed) in one micro-batch, so a plain
-    # float64 reference can count the same tokens.
+    # float64 reference can count the same tokens; with megatron-core's per-expert loop, which every
+    # other scenario replaces by grouped GEMMs (megatron.moe_grouped_gemm, the default).
     aux = _engine(
         paths["qwen3_moe"],
         rank,
@@ -53,6 +57,7 @@ def arch1(rank, world, port, paths, batch, work_dir):
         moe_aux_loss_coeff=AUX_COEFF,
         remove_padding=True,
         micro_batch_size=4,
+        moe_grouped_gemm=False,
     )
     _run(aux, batch, r, "aux")
     _save(r, Path(work_dir), "arch1", rank)

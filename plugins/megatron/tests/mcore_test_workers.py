@@ -40,6 +40,7 @@ def _engine(
     recompute_logits=True,
     ep=1,
     moe_aux_loss_coeff=None,
+    moe_grouped_gemm=True,
     **spec,
 ):
     from rlcore.api import DistInfo, EngineSpec
@@ -61,6 +62,7 @@ def _engine(
         recompute_logits=recompute_logits,
         expert_model_parallel_size=ep,
         moe_aux_loss_coeff=moe_aux_loss_coeff,
+        moe_grouped_gemm=moe_grouped_gemm,
     )
     return MegatronEngine(
         EngineSpec(model_path=str(path), **{**defaults, **spec}),

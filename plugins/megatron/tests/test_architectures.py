@@ -173,6 +173,17 @@ def test_layouts_really_split_the_model(world2):
     assert not any(r["tp2_qwen3_sequence_parallel"] for r in world2)
 
 
+def test_experts_run_as_grouped_gemms_by_default_and_the_loop_when_asked(world1, world2):
+    """Every MoE scenario but ``aux`` ran ``GroupedExperts`` (and matched float64 HF above); ``aux`` ran
+    megatron-core's per-expert loop (and matched the float64 loop of the aux-loss test)."""
+    for key in ("qwen3_moe", "mixtral"):
+        assert world1[f"{key}_expert_modules"] == ["GroupedExperts"]
+    for key in ("tp2_qwen3_moe", "pp2_qwen3_moe", "ep2_qwen3_moe", "ep2_mixtral"):
+        assert all(r[f"{key}_expert_modules"] == ["GroupedExperts"] for r in world2)
+    assert world1["aux_expert_modules"] == ["SequentialMLP"]
+    assert world1["qwen3_expert_modules"] == []
+
+
 def _expert_load(model, batch):
     """Float64 reference of the step's routing: per layer, tokens per expert over the real tokens."""
     out = model(
