@@ -61,6 +61,15 @@ SHAPES = {
         num_attention_heads=16,
         num_key_value_heads=8,
     ),
+    # Qwen3-30B-A3B's layer shape with 4 of its 48 layers (fits one GPU with AdamW state: about 3B parameters,
+    # 0.6B active per token with the embeddings).
+    "qwen3-30b-a3b-4l": dict(
+        hidden_size=2048,
+        intermediate_size=6144,
+        num_hidden_layers=4,
+        num_attention_heads=32,
+        num_key_value_heads=4,
+    ),
     "tiny": dict(
         hidden_size=64,
         intermediate_size=128,
@@ -71,10 +80,18 @@ SHAPES = {
 }
 VOCAB = {"tiny": 512, "qwen2.5-7b": 152064}
 #: Shapes whose output layer is its own matrix (Qwen2.5-7B); the smaller ones tie it to the embedding.
-UNTIED = {"qwen2.5-7b"}
+UNTIED = {"qwen2.5-7b", "qwen3-30b-a3b-4l"}
 #: Shapes of another family than Qwen2 (HF ``model_type``): Qwen3 has no q/k/v biases and normalises each
 #: query and key head (q/k RMSNorm).
-ARCHITECTURE = {"qwen3-1.7b": "qwen3"}
+ARCHITECTURE = {"qwen3-1.7b": "qwen3", "qwen3-30b-a3b-4l": "qwen3_moe"}
+#: Head sizes that are not hidden / heads.
+HEAD_DIM = {"qwen3-30b-a3b-4l": 128}
+#: Mixture-of-experts settings (Qwen3-30B-A3B's: 128 experts of 768, 8 per token, untied output layer).
+EXPERTS = {
+    "qwen3-30b-a3b-4l": dict(
+        num_experts=128, num_experts_per_tok=8, moe_intermediate_size=768, norm_topk_prob=True
+    )
+}
 
 
 def model_config(name: str):
@@ -83,11 +100,16 @@ def model_config(name: str):
 
     shape = SHAPES[name]
     family = ARCHITECTURE.get(name, "qwen2")
-    cls = {"qwen2": transformers.Qwen2Config, "qwen3": transformers.Qwen3Config}[family]
+    cls = {
+        "qwen2": transformers.Qwen2Config,
+        "qwen3": transformers.Qwen3Config,
+        "qwen3_moe": transformers.Qwen3MoeConfig,
+    }[family]
     return cls(
         **shape,
+        **EXPERTS.get(name, {}),
         vocab_size=VOCAB.get(name, 151936),
-        head_dim=shape["hidden_size"] // shape["num_attention_heads"],
+        head_dim=HEAD_DIM.get(name, shape["hidden_size"] // shape["num_attention_heads"]),
         max_position_embeddings=32768,
         rope_theta=1000000.0,
         tie_word_embeddings=name not in UNTIED,
@@ -112,11 +134,15 @@ def save_random_model(name: str, folder: Path, device: torch.device) -> Path:
 
 
 def matmul_params(config) -> int:
-    """``N`` of the FLOP formula: matrix-multiply parameters, output layer counted once."""
+    """``N`` of the FLOP formula: matrix-multiply parameters, output layer counted once; for a mixture of
+    experts the ones a token uses (router and ``num_experts_per_tok`` experts: MFU on active parameters)."""
     h, layers = config.hidden_size, config.num_hidden_layers
     q = config.num_attention_heads * config.head_dim
     kv = config.num_key_value_heads * config.head_dim
-    per_layer = h * q + 2 * h * kv + q * h + 3 * h * config.intermediate_size
+    mlp = 3 * h * config.intermediate_size
+    if getattr(config, "num_experts", None):  # active parameters: the router and the chosen experts
+        mlp = h * config.num_experts + config.num_experts_per_tok * 3 * h * config.moe_intermediate_size
+    per_layer = h * q + 2 * h * kv + q * h + mlp
     return layers * per_layer + config.vocab_size * h
 
 

@@ -122,6 +122,7 @@ def worker(rank: int, world: int, port: int, args, path: str, out: str) -> None:
             logits_chunk_size=args.logits_chunk_size,
             overlap_grad_reduce=args.overlap_grad_reduce,
             compile=args.compile,
+            moe_grouped_gemm=not args.no_moe_grouped_gemm,
             recompute_logits=not args.no_recompute_logits,
         )
         info = DistInfo(rank=rank, world_size=world, local_rank=rank, master_port=port)
@@ -244,6 +245,11 @@ def parse_args(argv=None):
     p.add_argument("--logits-chunk-size", type=int, default=None, help="megatron.logits_chunk_size")
     p.add_argument("--overlap-grad-reduce", action="store_true", help="megatron.overlap_grad_reduce")
     p.add_argument("--compile", action="store_true", help="megatron.compile (each decoder layer)")
+    p.add_argument(
+        "--no-moe-grouped-gemm",
+        action="store_true",
+        help="mixture-of-experts shapes: megatron-core's per-expert loop instead of grouped GEMMs",
+    )
     p.add_argument(
         "--no-recompute-logits",
         action="store_true",

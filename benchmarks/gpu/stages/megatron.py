@@ -160,6 +160,31 @@ def _compile(size: str):
     return build
 
 
+def _moe_1gpu(ctx: Ctx) -> list:
+    """Qwen3-30B-A3B's layer shape, 4 layers, on one GPU: grouped-GEMM experts (the default), then
+    megatron-core's per-expert loop (LOOP=0: not)."""
+    model = "qwen3-30b-a3b-4l"
+    common = (TP1, words("--tokens-per-step 32768 --steps 2 --warmup 1"))
+    runs = [
+        megatron(ctx, "moe-1gpu-grouped", 150, 1, "tp1", model, *common, env={"CUDA_VISIBLE_DEVICES": "0"})
+    ]
+    if ctx.knob("LOOP", "1") != "0":
+        runs.append(
+            megatron(
+                ctx,
+                "moe-1gpu-loop",
+                120,
+                1,
+                "tp1",
+                model,
+                *common,
+                "--no-moe-grouped-gemm",
+                env={"CUDA_VISIBLE_DEVICES": "0"},
+            )
+        )
+    return [save_model(model), *runs]
+
+
 def _7b(ctx: Ctx) -> list:
     common = words("--tokens-per-step 65536 --max-tokens-per-micro-batch 4096 --steps 3 --warmup 2")
     m = megatron(
@@ -423,6 +448,13 @@ STAGES = [
         _seq2("0.5b"),
     ),
     _stage("seq2-1.5b", "the same at 1.5B", 320, _seq2("1.5b")),
+    _stage(
+        "moe-1gpu",
+        "Qwen3-30B-A3B's layer shape with 4 layers on one GPU: Megatron TP=1 with grouped-GEMM experts, then the per-expert loop (LOOP=0: not)",
+        280,
+        _moe_1gpu,
+        gpus=1,
+    ),
     _stage(
         "seq2-qwen3-1.7b",
         "the same with the Qwen3-1.7B shape (q/k norms; issue 36's megatron-qwen3-dense-tp1 row and its re-run)",

@@ -22,8 +22,20 @@ import torch.nn.functional as F
 from megatron.core.transformer.moe.experts import SequentialMLP
 
 
-def grouped_gemm_available() -> bool:
-    return hasattr(F, "grouped_mm")
+def use_grouped_experts(model: torch.nn.Module) -> None:
+    """Make every local-experts module of the built ``model`` a :class:`GroupedExperts`.
+
+    The class is swapped on the built modules rather than named in the layer spec: megatron-core's MoE
+    spec is a ``ModuleSpec`` in 0.16 and a ``functools.partial`` in 0.19 (the GPU machine's), and
+    :class:`GroupedExperts` adds no state of its own, only its forward."""
+    if not hasattr(F, "grouped_mm"):
+        raise ValueError(
+            f"megatron.moe_grouped_gemm needs torch.nn.functional.grouped_mm (PyTorch 2.9 or later; this is "
+            f"{torch.__version__}): upgrade PyTorch or set megatron.moe_grouped_gemm=false"
+        )
+    for module in model.modules():
+        if type(module) is SequentialMLP:
+            module.__class__ = GroupedExperts
 
 
 class GroupedExperts(SequentialMLP):

@@ -155,15 +155,6 @@ def layer_spec(cfg: MegatronConfig, shape: ModelShape, sequence_parallel: bool =
     spec = get_gpt_layer_local_spec(
         num_experts=num_experts, qk_layernorm=shape.qk_norm, normalization="RMSNorm"
     )
-    if num_experts is not None and cfg.moe_grouped_gemm:
-        from rlcore_megatron.experts import GroupedExperts, grouped_gemm_available
-
-        if not grouped_gemm_available():
-            raise ValueError(
-                f"megatron.moe_grouped_gemm needs torch.nn.functional.grouped_mm (PyTorch 2.9 or later; this is "
-                f"{torch.__version__}): upgrade PyTorch or set megatron.moe_grouped_gemm=false"
-            )
-        spec.submodules.mlp.submodules.experts.module = GroupedExperts
     if sequence_parallel:
         layer = spec.submodules
         layer.input_layernorm = layer.pre_mlp_layernorm = SequenceParallelRMSNorm
@@ -232,6 +223,10 @@ def build_stage_model(
         rope_scaling=shape.rope_scaling_factor is not None,
         rope_scaling_factor=shape.rope_scaling_factor or 8.0,
     )
+    if shape.experts is not None and cfg.moe_grouped_gemm:
+        from rlcore_megatron.experts import use_grouped_experts
+
+        use_grouped_experts(model)
     if last and not lm:
         model.output_layer = ScalarHead(config, bias=head == "value")
     if last and lm and cfg.logits_chunk_size is not None:
