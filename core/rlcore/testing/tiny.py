@@ -188,21 +188,16 @@ def tiny_config(
         )
     import transformers
 
-    common = dict(
-        vocab_size=len(tokenizer),
+    common = _shared_fields(
+        tokenizer,
         hidden_size=hidden_size,
-        num_hidden_layers=num_layers,
-        num_attention_heads=num_heads,
-        num_key_value_heads=num_kv_heads,
-        head_dim=hidden_size // num_heads,
+        num_layers=num_layers,
+        num_heads=num_heads,
+        num_kv_heads=num_kv_heads,
         max_position_embeddings=max_position_embeddings,
         tie_word_embeddings=tie_word_embeddings,
-        bos_token_id=tokenizer.pad_token_id,
-        eos_token_id=tokenizer.eos_token_id,
-        pad_token_id=tokenizer.pad_token_id,
-        torch_dtype="float32",
-        rms_norm_eps=1e-6,
     )
+    common["rms_norm_eps"] = 1e-6
     if architecture in ("llama", "qwen3"):
         cls = transformers.LlamaConfig if architecture == "llama" else transformers.Qwen3Config
         return cls(intermediate_size=intermediate_size, **common, **extra)
@@ -243,10 +238,33 @@ def tiny_qwen2_config(
     ``extra``: more config fields (``num_labels`` for a classifier)."""
     from transformers import Qwen2Config
 
-    return Qwen2Config(
+    shared = _shared_fields(
+        tokenizer,
+        hidden_size=hidden_size,
+        num_layers=num_layers,
+        num_heads=num_heads,
+        num_kv_heads=num_kv_heads,
+        max_position_embeddings=max_position_embeddings,
+        tie_word_embeddings=tie_word_embeddings,
+    )
+    return Qwen2Config(intermediate_size=intermediate_size, **shared, **extra)
+
+
+def _shared_fields(
+    tokenizer: Any,
+    *,
+    hidden_size: int,
+    num_layers: int,
+    num_heads: int,
+    num_kv_heads: int,
+    max_position_embeddings: int,
+    tie_word_embeddings: bool,
+) -> dict[str, Any]:
+    """The config fields every tiny architecture sets alike: sizes, the tokenizer's vocabulary and special
+    tokens, fp32."""
+    return dict(
         vocab_size=len(tokenizer),
         hidden_size=hidden_size,
-        intermediate_size=intermediate_size,
         num_hidden_layers=num_layers,
         num_attention_heads=num_heads,
         num_key_value_heads=num_kv_heads,
@@ -257,7 +275,6 @@ def tiny_qwen2_config(
         eos_token_id=tokenizer.eos_token_id,
         pad_token_id=tokenizer.pad_token_id,
         torch_dtype="float32",
-        **extra,
     )
 
 
