@@ -184,39 +184,17 @@ def test_serialized_load_path(engine, trained, checkpoint_weights):
         engine.load_weights(bucketize(checkpoint_weights, 1 << 20))
 
 
-def test_fsdp_trainer_sync(engine, tiny_model_path, checkpoint_weights):
+def test_fsdp_trainer_sync(engine, tiny_model_path, checkpoint_weights, fsdp_sync_gaps):
     """The whole path with rlcore's FSDP engine as the trainer: train, export the bucketed stream,
     load it, sample, and compare the rollout's log-probs with the trainer's own (``infer``) through
     rlcore's post-sync check."""
-    pytest.importorskip("rlcore_fsdp")
-    from rlcore.api import DistInfo, EngineSpec
-    from rlcore.rollout.batching import completions_to_batch
-    from rlcore.rollout.sync_check import compare_log_probs
-    from rlcore.testing.contract import contract_batch, token_nll_loss
-    from rlcore_fsdp.config import FSDPConfig
-    from rlcore_fsdp.engine import FSDPEngine
-
-    spec = EngineSpec(
-        model_path=str(tiny_model_path), dtype="float32", lr=1e-2, temperature=SYNC_SAMPLING.temperature
-    )
-    trainer = FSDPEngine(spec, FSDPConfig(), get_platform("cpu"), DistInfo())
-    prompts = long_prompts(engine.kv_block_size)
     try:
-        for step in range(3):
-            trainer.train_step(contract_batch(8, vocab_low=3, vocab_high=1000, seed=step), token_nll_loss)
-        before = completions_to_batch(engine.generate(prompts, SYNC_SAMPLING), pad_token_id=0)
-        engine.load_weights(trainer.export_weights(torch.float32, bucket_bytes=64 * 1024))
-        after = completions_to_batch(engine.generate(prompts, SYNC_SAMPLING), pad_token_id=0)
-        stale = compare_log_probs(
-            before["rollout_log_probs"], trainer.infer(before)["log_probs"], before["response_mask"]
-        )
-        synced = compare_log_probs(
-            after["rollout_log_probs"], trainer.infer(after)["log_probs"], after["response_mask"]
+        stale, synced = fsdp_sync_gaps(
+            engine, tiny_model_path, long_prompts(engine.kv_block_size), SYNC_SAMPLING
         )
         assert stale["sync/logprob_diff_max"] > 10 * LOGPROB_ATOL, "training should have moved the weights"
         assert synced["sync/logprob_diff_max"] < LOGPROB_ATOL
     finally:
-        trainer.close()
         engine.load_weights(bucketize(checkpoint_weights, 1 << 20))
 
 

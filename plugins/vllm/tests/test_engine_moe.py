@@ -135,35 +135,14 @@ def test_stream_missing_an_expert_leaves_that_layer_as_it_was(moe):
         engine.load_weights(bucketize(checkpoint, 1 << 20))
 
 
-def test_fsdp_trainer_sync(moe):
+def test_fsdp_trainer_sync(moe, fsdp_sync_gaps):
     """The FSDP engine trains the MoE model and exports its weights (converted to checkpoint names on
     the way out); vLLM loads them and its log-probs match the trainer's own through rlcore's post-sync
     check."""
-    pytest.importorskip("rlcore_fsdp")
-    from rlcore.api import DistInfo, EngineSpec
-    from rlcore.rollout.batching import completions_to_batch
-    from rlcore.rollout.sync_check import compare_log_probs
-    from rlcore.testing.contract import contract_batch, token_nll_loss
-    from rlcore_fsdp.config import FSDPConfig
-    from rlcore_fsdp.engine import FSDPEngine
-
     architecture, path, engine, checkpoint = moe
-    spec = EngineSpec(model_path=str(path), dtype="float32", lr=1e-2, temperature=SAMPLING.temperature)
-    trainer = FSDPEngine(spec, FSDPConfig(), get_platform("cpu"), DistInfo())
     try:
-        for step in range(3):
-            trainer.train_step(contract_batch(8, vocab_low=3, vocab_high=1000, seed=step), token_nll_loss)
-        before = completions_to_batch(engine.generate(PROMPTS, SAMPLING), pad_token_id=0)
-        engine.load_weights(trainer.export_weights(torch.float32, bucket_bytes=64 * 1024))
-        after = completions_to_batch(engine.generate(PROMPTS, SAMPLING), pad_token_id=0)
-        stale = compare_log_probs(
-            before["rollout_log_probs"], trainer.infer(before)["log_probs"], before["response_mask"]
-        )
-        synced = compare_log_probs(
-            after["rollout_log_probs"], trainer.infer(after)["log_probs"], after["response_mask"]
-        )
+        stale, synced = fsdp_sync_gaps(engine, path, PROMPTS, SAMPLING)
         assert stale["sync/logprob_diff_max"] > 10 * LOGPROB_ATOL, "training should have moved the weights"
         assert synced["sync/logprob_diff_max"] < LOGPROB_ATOL
     finally:
-        trainer.close()
         engine.load_weights(bucketize(checkpoint, 1 << 20))
