@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import socket
+
 import torch
 from rlcore.api import Batch, EngineSpec
 from rlcore.testing.contract import contract_batch
@@ -24,6 +26,13 @@ VARIANTS = {
     ),
     "fp32": ({}, {}),
 }
+
+
+def free_port() -> int:
+    """A TCP port free on this host now, for a spawned run's rendezvous."""
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
 
 
 def batch() -> Batch:

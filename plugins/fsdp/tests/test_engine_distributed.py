@@ -5,25 +5,17 @@ offload) and a checkpoint round trip on 2 ranks (``fsdp_dist_worker.py``); the r
 engine on one process with the whole batch, and for log-probs a plain HF model in float64.
 """
 
-import socket
-
 import pytest
 import torch
 import torch.multiprocessing as mp
 from fsdp_dist_worker import run
-from fsdp_support import STEPS, VARIANTS, batch, full_weights, hf_reference, nll_entropy_loss, spec
+from fsdp_support import STEPS, VARIANTS, batch, free_port, full_weights, hf_reference, nll_entropy_loss, spec
 from rlcore.api import DistInfo
 from rlcore.devices import get_platform
 from rlcore_fsdp.config import FSDPConfig
 from rlcore_fsdp.engine import FSDPEngine
 
 WORLD = 2
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 @pytest.fixture(scope="module")

@@ -7,14 +7,13 @@ on one process without sequence parallelism, fed the same batch. The slicing of 
 refusals are checked in this process.
 """
 
-import socket
 from types import SimpleNamespace
 
 import pytest
 import torch
 import torch.multiprocessing as mp
 from fsdp_sp_worker import ATTENTION_BOUNDS, ATTENTION_HEADS, SP, attention_inputs, run
-from fsdp_support import STEPS, batch, full_weights, nll_entropy_loss, spec
+from fsdp_support import STEPS, batch, free_port, full_weights, nll_entropy_loss, spec
 from rlcore.api import DistInfo
 from rlcore.devices import get_platform
 from rlcore.testing.contract import value_mse_loss
@@ -23,12 +22,6 @@ from rlcore_fsdp.config import FSDPConfig
 from rlcore_fsdp.engine import FSDPEngine
 from rlcore_fsdp.micro_batches import build_inputs
 from rlcore_fsdp.sequence_parallel import SequenceParallel, check_heads, shard_inputs
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 @pytest.fixture(scope="module")
