@@ -104,9 +104,11 @@ def hf_response_outputs(model, batch):
     return token_logp, entropy
 
 
-def hf_train_step(model, batch, *, lr, betas, eps, weight_decay, grad_clip):
+def hf_train_step(model, batch, *, lr, betas, eps, weight_decay, grad_clip, extra_loss=None):
     """One AdamW step of ``nll_loss`` on a copy of ``model`` (weight decay on matrices only, like
-    Megatron). Returns ``(loss, grad_norm, {hf_name: tensor})`` with tied weights under both names."""
+    Megatron). ``extra_loss(outputs)``: a term added to the loss from the model's outputs, which then
+    include the routers' logits (``output_router_logits``); the returned loss is the NLL alone.
+    Returns ``(loss, grad_norm, {hf_name: tensor})`` with tied weights under both names."""
     model = copy.deepcopy(model).train()
     params = dict(model.named_parameters())
     groups = [
@@ -115,15 +117,18 @@ def hf_train_step(model, batch, *, lr, betas, eps, weight_decay, grad_clip):
     ]
     opt = torch.optim.AdamW(groups, lr=lr, betas=betas, eps=eps)
     width = batch["responses"].shape[1]
-    logits = model(
+    outputs = model(
         input_ids=batch["input_ids"],
         attention_mask=batch["attention_mask"],
         position_ids=batch["position_ids"],
-    ).logits[:, -width - 1 : -1]
-    logp = F.log_softmax(logits.float(), -1).gather(-1, batch["responses"].unsqueeze(-1)).squeeze(-1)
-    mask = batch["response_mask"].float()
+        **({"output_router_logits": True} if extra_loss is not None else {}),
+    )
+    logits = outputs.logits[:, -width - 1 : -1]
+    logits = logits.to(torch.promote_types(logits.dtype, torch.float32))  # a float64 model stays float64
+    logp = F.log_softmax(logits, -1).gather(-1, batch["responses"].unsqueeze(-1)).squeeze(-1)
+    mask = batch["response_mask"].to(logp.dtype)
     loss = -(logp * mask).sum() / batch.meta["global_tokens"]
-    loss.backward()
+    (loss if extra_loss is None else loss + extra_loss(outputs)).backward()
     grad_norm = torch.nn.utils.clip_grad_norm_(model.parameters(), grad_clip)
     opt.step()
     return (

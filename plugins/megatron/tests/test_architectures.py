@@ -198,7 +198,7 @@ def _expert_load(model, batch):
     for logits in out.router_logits:  # [B * L, E] per layer
         top = logits[real].topk(k, dim=-1).indices
         loads.append(torch.nn.functional.one_hot(top, experts).sum((0, 1)).double())
-    return loads, out
+    return loads
 
 
 @pytest.mark.parametrize("key", ["qwen3_moe", "mixtral"])
@@ -207,7 +207,7 @@ def test_expert_load_metrics_count_the_routed_tokens(world1, world2, paths, batc
     count of each layer's top-k choices (padding included at the engine: counted over the aligned rows'
     real tokens here, so compared on the packed scenario and bounded on the padded ones)."""
     model = hf_model(paths["qwen3_moe"], torch.float64)
-    loads, _ = _expert_load(model, batch)
+    loads = _expert_load(model, batch)
     metrics = world1["aux_metrics"]
     for i, load in enumerate(loads):
         assert metrics[f"moe/load_max_over_mean/layer_{i}"] == pytest.approx(float(load.max() / load.mean()))
@@ -223,35 +223,35 @@ def test_the_load_balancing_loss_trains_the_router_as_a_float64_reference(world1
     """Megatron's aux loss (coefficient 0.1, ``megatron.moe_aux_loss_coeff``) against a plain float64
     loop: per layer ``coeff * E * sum_e f_e * P_e`` with ``f_e`` the share of top-k choices and ``P_e``
     the mean router probability over the step's tokens, added to the token-mean NLL."""
-    import copy
-
     from mcore_arch_workers import AUX_COEFF
     from mcore_test_workers import ADAM_EPS
     from transformers.core_model_loading import revert_weight_conversion
 
-    model = copy.deepcopy(hf_model(paths["qwen3_moe"], torch.float64)).train()
-    params = dict(model.named_parameters())
-    groups = [
-        {"params": [p for p in params.values() if p.dim() >= 2], "weight_decay": 0.01},
-        {"params": [p for p in params.values() if p.dim() < 2], "weight_decay": 0.0},
-    ]
-    opt = torch.optim.AdamW(groups, lr=1e-3, betas=(0.9, 0.999), eps=ADAM_EPS)
-    _, out = _expert_load(model, batch)
-    width = batch["responses"].shape[1]
-    logp = torch.log_softmax(out.logits[:, -width - 1 : -1], -1)
-    logp = logp.gather(-1, batch["responses"].unsqueeze(-1)).squeeze(-1)
-    nll = -(logp * batch["response_mask"]).sum() / batch.meta["global_tokens"]
+    model = hf_model(paths["qwen3_moe"], torch.float64)
     real = batch["attention_mask"].bool().flatten()
     k, experts = model.config.num_experts_per_tok, model.config.num_experts
-    aux = 0.0
-    for logits in out.router_logits:
-        probs = torch.softmax(logits[real], -1)
-        share = torch.nn.functional.one_hot(probs.topk(k, -1).indices, experts).sum((0, 1)) / (len(probs) * k)
-        aux = aux + AUX_COEFF * experts * (share * probs.mean(0)).sum()
-    (nll + aux).backward()
-    torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
-    opt.step()
-    after = revert_weight_conversion(model, {n: t.detach() for n, t in model.state_dict().items()})
+
+    def aux_loss(outputs):
+        aux = 0.0
+        for logits in outputs.router_logits:  # [B * L, E] per layer
+            probs = torch.softmax(logits[real], -1)
+            share = torch.nn.functional.one_hot(probs.topk(k, -1).indices, experts).sum((0, 1)) / (
+                len(probs) * k
+            )
+            aux = aux + AUX_COEFF * experts * (share * probs.mean(0)).sum()
+        return aux
+
+    _, _, after = hf_train_step(
+        model,
+        batch,
+        lr=1e-3,
+        betas=(0.9, 0.999),
+        eps=ADAM_EPS,
+        weight_decay=0.01,
+        grad_clip=1.0,
+        extra_loss=aux_loss,
+    )
+    after = revert_weight_conversion(model, after)
     exported = world1["aux_export1"]
     _check_weights(exported, after, atol=ATOL)
     # The loss is large enough to matter: without it the routers end elsewhere.
