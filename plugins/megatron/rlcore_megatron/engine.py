@@ -70,6 +70,7 @@ from rlcore_megatron.sequences import (
     micro_batch_rows,
     response_columns,
     restore,
+    split_to_count,
     to_device,
 )
 from rlcore_megatron.vocab_parallel import chunked_log_probs_and_entropy, log_probs_and_entropy
@@ -94,6 +95,9 @@ class _Micro:
     packed: Packed | None = None
     rotary: tuple[torch.Tensor, torch.Tensor] | None = None
     response: ResponseTokens | None = None
+    #: A stand-in that only keeps this rank in step with the others (:meth:`MegatronEngine._split`): its
+    #: loss counts zero and its outputs are dropped.
+    ghost: bool = False
 
     def model_inputs(self) -> tuple[torch.Tensor, torch.Tensor, PackedSeqParams | None]:
         """``(input_ids, position_ids, packed_seq_params)`` for ``GPTModel``."""
@@ -450,9 +454,24 @@ class MegatronEngine(TrainEngine):
         lengths = batch["attention_mask"].sum(1).tolist()
         packed = self.config.use_remove_padding
         rows = micro_batch_rows(lengths, size, self.spec.max_tokens_per_micro_batch, packed=packed)
+        ghosts = 0
+        if self.layout.ep_size > 1:
+            # Each MoE layer exchanges tokens with the other data-parallel ranks: every rank must run as
+            # many micro-batches as the one that planned most. A rank with fewer rows than that runs
+            # ghosts (its first row again, loss zero, outputs dropped).
+            count = torch.tensor(len(rows), device=self.device)
+            dist.all_reduce(count, op=dist.ReduceOp.MAX, group=mpu.get_data_parallel_group())
+            rows = split_to_count(rows, lengths, int(count))
+            ghosts = int(count) - len(rows)
         shapes = [input_shape([lengths[i] for i in r], self._multiple, packed) for r in rows]
-        plan = _Plan(shapes=shapes, micros=lambda: (self._prepare(batch.index(r)) for r in rows))
-        return plan, [i for r in rows for i in r]
+        shapes += [input_shape(lengths[:1], self._multiple, packed)] * ghosts
+
+        def micros() -> Iterator[_Micro]:
+            yield from (self._prepare(batch.index(r)) for r in rows)
+            for _ in range(ghosts):
+                yield attrs.evolve(self._prepare(batch.index([0])), ghost=True)
+
+        return _Plan(shapes=shapes, micros=micros), [i for r in rows for i in r]
 
     def train_step(self, batch: Batch, loss_fn: LossFn) -> dict[str, float]:
         if self.optimizer is None:
@@ -465,6 +484,8 @@ class MegatronEngine(TrainEngine):
 
         def reduce_fn(output, micro):
             loss, metrics = loss_fn(self._head_outputs(output, micro, wanted), micro.batch)
+            if micro.ghost:  # a zero loss still runs the backward, and its all-to-alls, in step
+                return loss * 0.0, {}
             # Kept as tensors until the step ends: no device sync inside the pipeline schedule.
             return loss if routed is None else loss * routed, {"loss": loss.detach(), **metrics}
 
@@ -531,9 +552,9 @@ class MegatronEngine(TrainEngine):
         zero = torch.zeros((), device=self.device)
 
         def reduce_fn(output, micro):
-            return zero, self._head_outputs(output, micro, outputs)
+            return zero, {} if micro.ghost else self._head_outputs(output, micro, outputs)
 
-        infos = self._run(plan, forward_only=True, reduce_fn=reduce_fn)
+        infos = [info for info in self._run(plan, forward_only=True, reduce_fn=reduce_fn) if info]
         if not self.holds_output():
             return None
         back = torch.empty(len(order), dtype=torch.long)

@@ -312,3 +312,27 @@ def micro_batches(
     """``batch`` split as :func:`micro_batch_rows` plans it (each micro-batch's rows in batch order)."""
     rows = micro_batch_rows(batch["attention_mask"].sum(1).tolist(), size, max_tokens, packed)
     return [batch.index(r) for r in rows]
+
+
+def split_to_count(rows: list[list[int]], lengths: list[int], count: int) -> list[list[int]]:
+    """``rows`` (a micro-batch plan over rows of ``lengths`` tokens) cut into ``count`` micro-batches where
+    its rows allow: the micro-batch of most tokens that holds two rows or more is halved (its rows dealt
+    longest first onto the lighter half) until there are ``count`` or no micro-batch has two rows left.
+
+    Why: with expert parallelism every MoE layer exchanges tokens with the other data-parallel ranks, so
+    all of them must run the same number of micro-batches; each rank plans its own shard, then all go to
+    the largest count (:meth:`MegatronEngine._split`). Fewer than ``count`` come back only when the rank has
+    fewer rows than that; the engine fills the rest with ghost micro-batches."""
+    rows = [list(r) for r in rows]
+    while len(rows) < count:
+        splittable = [r for r in rows if len(r) > 1]
+        if not splittable:
+            break
+        biggest = max(splittable, key=lambda r: sum(lengths[i] for i in r))
+        halves: tuple[list[int], list[int]] = ([], [])
+        for i in sorted(biggest, key=lambda i: -lengths[i]):
+            lighter = min(halves, key=lambda h: (sum(lengths[j] for j in h), len(h)))
+            lighter.append(i)
+        at = rows.index(biggest)
+        rows[at : at + 1] = [sorted(halves[0]), sorted(halves[1])]
+    return rows

@@ -20,11 +20,15 @@ def _engine_for(path, rank, world, port, **layout):
     return _engine(path, rank, world, port, moe_aux_loss_coeff=0.0, **layout)
 
 
-def _run(engine, batch, r, key):
+def _run(engine, batch, r, key, rows=None):
+    """``rows[dp_rank]``: the batch rows of each data-parallel rank (default: equal consecutive chunks)."""
     from mcore_testlib import nll_loss
 
     rank, size = engine.dp_rank_and_size()
-    part = batch.chunk(size)[rank] if size > 1 else batch
+    if rows is not None:
+        part = batch.index(rows[rank])
+    else:
+        part = batch.chunk(size)[rank] if size > 1 else batch
     r[f"{key}_holds"] = engine.holds_output()
     r[f"{key}_dp"] = (rank, size)
     r[f"{key}_experts_here"] = sum(
@@ -78,6 +82,18 @@ def arch2(rank, world, port, paths, batch, work_dir):
     ):
         engine = _engine_for(paths[arch], rank, world, port, **layout)
         _run(engine, batch, r, key)
+        del engine
+        mpu.destroy_model_parallel()
+    # EP=2 with ranks that plan different numbers of micro-batches (MoE layers exchange tokens, so both
+    # must run as many): rank 1's one row against rank 0's three, one row a micro-batch (rank 1 runs two
+    # ghosts); then packed, 14 tokens a micro-batch, rows of 11 + 6 tokens (two micro-batches) against
+    # 9 + 5 (one, cut in two).
+    for key, rows, layout in (
+        ("ep2_ghosts", [[0, 1, 2], [3]], dict(micro_batch_size=1)),
+        ("ep2_cut", [[0, 1], [2, 3]], dict(remove_padding=True, max_tokens_per_micro_batch=14)),
+    ):
+        engine = _engine_for(paths["qwen3_moe"], rank, world, port, ep=2, **layout)
+        _run(engine, batch, r, key, rows)
         del engine
         mpu.destroy_model_parallel()
     _save(r, Path(work_dir), "arch2", rank)

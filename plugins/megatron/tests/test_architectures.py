@@ -23,6 +23,9 @@ LAYOUTS = {  # scenario -> architecture, for the two-rank run
     "pp2_qwen3_moe": "qwen3_moe",
     "ep2_qwen3_moe": "qwen3_moe",
     "ep2_mixtral": "mixtral",
+    # EP=2, the ranks planning 3 against 1 micro-batches (ghosts) and 2 against 1 (a micro-batch cut).
+    "ep2_ghosts": "qwen3_moe",
+    "ep2_cut": "qwen3_moe",
 }
 
 

@@ -22,7 +22,7 @@ from mcore_testlib import (
 )
 from rlcore.api import Batch
 from rlcore_megatron.config import MegatronConfig
-from rlcore_megatron.sequences import left_align, micro_batch_rows, micro_batches, pack
+from rlcore_megatron.sequences import left_align, micro_batch_rows, micro_batches, pack, split_to_count
 
 
 def batch():
@@ -295,3 +295,13 @@ def check_chunked(chunked: list[dict], qwen, hf_step, b: Batch) -> None:
         assert_same_weights(chunked[0][f"{name}_export1"], after, atol=1e-6)
     assert chunked[0]["chunked_infer"] is not None
     assert max(g.abs().max() for g in chunked[0]["whole_grads"].values()) > 1e-2  # not vacuous
+
+
+def test_split_to_count_halves_the_heaviest_micro_batch_until_the_count():
+    lengths = [9, 5, 4, 3, 8]
+    # [0, 1, 2] holds 18 tokens, [3, 4] 11: the first is halved, longest row onto the lighter half.
+    assert split_to_count([[0, 1, 2], [3, 4]], lengths, 3) == [[0], [1, 2], [3, 4]]
+    assert split_to_count([[0, 1, 2], [3, 4]], lengths, 4) == [[0], [1, 2], [4], [3]]
+    # Every row alone: no more cuts; the engine runs ghosts for the rest.
+    assert split_to_count([[0], [1]], lengths, 4) == [[0], [1]]
+    assert split_to_count([[0, 1]], lengths, 1) == [[0, 1]]
