@@ -62,14 +62,18 @@ SHAPES = {
         num_key_value_heads=8,
     ),
     # Qwen3-30B-A3B's layer shape with 4 of its 48 layers (fits one GPU with AdamW state: about 3B parameters,
-    # 0.6B active per token with the embeddings).
-    "qwen3-30b-a3b-4l": dict(
-        hidden_size=2048,
-        intermediate_size=6144,
-        num_hidden_layers=4,
-        num_attention_heads=32,
-        num_key_value_heads=4,
-    ),
+    # 0.6B active per token with the embeddings), and with 8 (5.6B; 4 GPUs, each holding every expert at
+    # EP=1 with the distributed optimizer, or a quarter of them at EP=4).
+    **{
+        f"qwen3-30b-a3b-{layers}l": dict(
+            hidden_size=2048,
+            intermediate_size=6144,
+            num_hidden_layers=layers,
+            num_attention_heads=32,
+            num_key_value_heads=4,
+        )
+        for layers in (4, 8)
+    },
     "tiny": dict(
         hidden_size=64,
         intermediate_size=128,
@@ -80,18 +84,17 @@ SHAPES = {
 }
 VOCAB = {"tiny": 512, "qwen2.5-7b": 152064}
 #: Shapes whose output layer is its own matrix (Qwen2.5-7B); the smaller ones tie it to the embedding.
-UNTIED = {"qwen2.5-7b", "qwen3-30b-a3b-4l"}
+MOE = ("qwen3-30b-a3b-4l", "qwen3-30b-a3b-8l")
+UNTIED = {"qwen2.5-7b", *MOE}
 #: Shapes of another family than Qwen2 (HF ``model_type``): Qwen3 has no q/k/v biases and normalises each
 #: query and key head (q/k RMSNorm).
-ARCHITECTURE = {"qwen3-1.7b": "qwen3", "qwen3-30b-a3b-4l": "qwen3_moe"}
+ARCHITECTURE = {"qwen3-1.7b": "qwen3", **dict.fromkeys(MOE, "qwen3_moe")}
 #: Head sizes that are not hidden / heads.
-HEAD_DIM = {"qwen3-30b-a3b-4l": 128}
+HEAD_DIM = dict.fromkeys(MOE, 128)
 #: Mixture-of-experts settings (Qwen3-30B-A3B's: 128 experts of 768, 8 per token, untied output layer).
-EXPERTS = {
-    "qwen3-30b-a3b-4l": dict(
-        num_experts=128, num_experts_per_tok=8, moe_intermediate_size=768, norm_topk_prob=True
-    )
-}
+EXPERTS = dict.fromkeys(
+    MOE, dict(num_experts=128, num_experts_per_tok=8, moe_intermediate_size=768, norm_topk_prob=True)
+)
 
 
 def model_config(name: str):

@@ -67,16 +67,29 @@ from rlcore.api import Batch, DistInfo, EngineSpec
 from rlcore.devices import get_platform
 
 REPO = Path(__file__).resolve().parents[1]
-#: (tensor, pipeline) parallel sizes; the rest of ``--gpus`` is data parallel (``tp1``/``dp2``: none).
-LAYOUTS = {"tp1": (1, 1), "tp2": (2, 1), "pp2": (1, 2), "dp2": (1, 1)}
+#: (tensor, pipeline, expert) parallel sizes; the rest of ``--gpus`` is data parallel (``tp1``/``dp2``/``dp4``:
+#: none). ``ep2``/``ep4`` spread each MoE layer's experts over 2/4 data-parallel ranks (mixture-of-experts
+#: shapes only); ``dp4`` is their EP=1 baseline, every rank holding every expert.
+LAYOUTS = {
+    "tp1": (1, 1, 1),
+    "tp2": (2, 1, 1),
+    "pp2": (1, 2, 1),
+    "dp2": (1, 1, 1),
+    "dp4": (1, 1, 1),
+    "ep2": (1, 1, 2),
+    "ep4": (1, 1, 4),
+}
 
 
 # -- model and data ----------------------------------------------------------------------------------
 def save_random_model(folder: Path, device: torch.device, model: str, tiny: bool) -> Path:
-    """The random-init causal LM of ``_workload.py`` shaped as ``model`` (or the tiny test model)."""
+    """The random-init causal LM of ``_workload.py`` shaped as ``model`` (or the tiny test model, a tiny
+    mixture of experts when ``model`` is one)."""
     if tiny:
         from rlcore.testing.tiny import build_tiny_model
 
+        if model in _workload.EXPERTS:  # 4 experts: EP=2 and EP=4 both divide them
+            return build_tiny_model(folder / "tiny-moe", architecture="qwen3_moe", num_experts=4)
         return build_tiny_model(folder / "tiny")
     return _workload.save_random_model(model, folder, device)
 
@@ -106,7 +119,7 @@ def worker(rank: int, world: int, port: int, args, path: str, out: str) -> None:
     ]
     rows, probes = [], {}
     for layout in args.layouts:
-        tp, pp = LAYOUTS[layout]
+        tp, pp, ep = LAYOUTS[layout]
         spec = EngineSpec(
             model_path=path,
             dtype="bfloat16",
@@ -118,6 +131,7 @@ def worker(rank: int, world: int, port: int, args, path: str, out: str) -> None:
         cfg = MegatronConfig(
             tensor_model_parallel_size=tp,
             pipeline_model_parallel_size=pp,
+            expert_model_parallel_size=ep,
             use_remove_padding=args.remove_padding,
             logits_chunk_size=args.logits_chunk_size,
             overlap_grad_reduce=args.overlap_grad_reduce,
@@ -156,6 +170,7 @@ def worker(rank: int, world: int, port: int, args, path: str, out: str) -> None:
                 "layout": layout,
                 "tp": tp,
                 "pp": pp,
+                "ep": ep,
                 "dp": dp_size,
                 "gpus": world,
                 "tokens_per_s": tokens / median,
@@ -267,9 +282,9 @@ def parse_args(argv=None):
         args.tokens_per_step, args.max_tokens_per_micro_batch, args.probe_tokens = 256, 128, 128
         args.min_len, args.max_len, args.steps, args.warmup = 16, 48, 2, 1
     for layout in args.layouts:
-        tp, pp = LAYOUTS[layout]
-        if args.gpus % (tp * pp):
-            p.error(f"layout {layout} (tp={tp}, pp={pp}) does not fit --gpus {args.gpus}")
+        tp, pp, ep = LAYOUTS[layout]
+        if args.gpus % (tp * pp * ep):
+            p.error(f"layout {layout} (tp={tp}, pp={pp}, ep={ep}) does not fit --gpus {args.gpus}")
     return args
 
 

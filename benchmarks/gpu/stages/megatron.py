@@ -185,6 +185,26 @@ def _moe_1gpu(ctx: Ctx) -> list:
     return [save_model(model), *runs]
 
 
+def _moe_4gpu(ctx: Ctx) -> list:
+    """Qwen3-30B-A3B's layer shape with 8 layers on 4 GPUs: EP=4 (profiled) then EP=1 (every rank all
+    experts, the distributed optimizer sharding their state), then both again in fresh processes, the
+    other order first (AGAIN=0: not)."""
+    model = "qwen3-30b-a3b-8l"
+    common = (TP1, words("--tokens-per-step 65536 --steps 3 --warmup 2"))
+    runs = [
+        megatron(
+            ctx, "moe-4gpu-ep4", 400, 4, "ep4", model, *common, "--profile", f"{ctx.res}/profile-moe-ep4"
+        ),
+        megatron(ctx, "moe-4gpu-ep1", 400, 4, "dp4", model, *common),
+    ]
+    if ctx.knob("AGAIN", "1") != "0":
+        runs += [
+            megatron(ctx, "moe-4gpu-ep1-rerun", 400, 4, "dp4", model, *common),
+            megatron(ctx, "moe-4gpu-ep4-rerun", 400, 4, "ep4", model, *common),
+        ]
+    return [save_model(model), *runs]
+
+
 def _7b(ctx: Ctx) -> list:
     common = words("--tokens-per-step 65536 --max-tokens-per-micro-batch 4096 --steps 3 --warmup 2")
     m = megatron(
@@ -454,6 +474,14 @@ STAGES = [
         280,
         _moe_1gpu,
         gpus=1,
+    ),
+    _stage(
+        "moe-4gpu",
+        "Qwen3-30B-A3B's layer shape with 8 layers on 4 GPUs: Megatron EP=4 (profiled) against EP=1, then both again (AGAIN=0: not); issue 36's megatron-qwen3-moe-4gpu row and its re-run",
+        600,
+        _moe_4gpu,
+        gpus=4,
+        h200=True,
     ),
     _stage(
         "seq2-qwen3-1.7b",
