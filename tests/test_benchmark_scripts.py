@@ -29,6 +29,25 @@ def test_fsdp_train_tiny_runs_every_system_on_one_and_two_ranks(tmp_path):
         assert row["tokens_per_s"] > 0 and len(row["step_s"]) == 2
 
 
+def test_ulysses_gpu_tiny_searches_lengths_until_a_rank_runs_out_of_memory(tmp_path):
+    """SP=1 and SP=2 on two gloo ranks: the throughput steps, then one step a length until the last rank
+    reports out-of-memory (the test hook, after its step): every rank records it, the search stops there."""
+    out = tmp_path / "ulysses.json"
+    cmd = [sys.executable, "benchmarks/ulysses_gpu.py", "--tiny", "--lengths", "256", "512", "1024"]
+    cmd += ["--simulate-oom-from", "1024", "--out", str(out)]
+    done = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=600)
+    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
+    result = json.loads(out.read_text())
+    assert [run["sp"] for run in result["results"]] == [1, 2]
+    for run in result["results"]:
+        assert run["done"] and "failure" not in run, run
+        statuses = [(r["length"], r["status"]) for r in run["lengths"]]
+        assert statuses == [(256, "ok"), (512, "ok"), (1024, "oom")]
+        assert run["throughput"]["tokens_per_s"] > 0 and len(run["throughput"]["step_s_all"]) == 2
+    assert result["summary"]["longest_ok_length"] == {"1": 512, "2": 512}
+    assert result["summary"]["goal"] == {"sp": 2, "min_length": 512, "longest_ok_length": 512, "met": True}
+
+
 def test_megatron_gpu_tiny_runs_each_two_process_layout(tmp_path):
     """TP=2, DP=2 (each rank its token-balanced shard) and PP=2 on gloo: each a timed row whose probe
     log-probs are within bf16 tolerance of the fp32 HF model, and the same step's loss (the same batch)."""
