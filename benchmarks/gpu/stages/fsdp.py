@@ -38,7 +38,7 @@ ULYSSES = "benchmarks/ulysses_gpu.py"
 
 
 def ulysses(ctx: Ctx, name: str) -> list:
-    argv = (PY, ULYSSES, *words("--gpus 4 --sp 1 4 --model-dir"), MODELS, "--out", f"{ctx.res}/{name}.json")
+    argv = (PY, ULYSSES, *words("--gpus 4 --sp 4 1 --model-dir"), MODELS, "--out", f"{ctx.res}/{name}.json")
     # FreeGpu first: ranks left behind by a run its timeout ended would hold their GPUs' memory.
     return [FreeGpu(), Run(name, 260, argv, show=r"^\||^summary")]
 

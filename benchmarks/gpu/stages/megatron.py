@@ -205,6 +205,26 @@ def _moe_4gpu(ctx: Ctx) -> list:
     return [save_model(model), *runs]
 
 
+def _moe_4gpu_large(ctx: Ctx) -> list:
+    """moe-4gpu at the dense MFU rows' step size, 262,144 tokens a GPU: EP=4 with 16k- and 32k-token
+    micro-batches, EP=1 with 32k, then EP=1 and EP=4 (32k) again in fresh processes."""
+    model = "qwen3-30b-a3b-8l"
+    step = words("--remove-padding --logits-chunk-size 4096 --no-recompute-logits")
+    step += words("--tokens-per-step 262144 --steps 3 --warmup 2")
+
+    def run(name: str, layout: str, micro: int) -> Run:
+        return megatron(ctx, name, 400, 4, layout, model, step, "--max-tokens-per-micro-batch", micro)
+
+    return [
+        save_model(model),
+        run("moe-4gpu-262k-ep4-mb16k", "ep4", 16384),
+        run("moe-4gpu-262k-ep4-mb32k", "ep4", 32768),
+        run("moe-4gpu-262k-ep1-mb32k", "dp4", 32768),
+        run("moe-4gpu-262k-ep1-mb32k-rerun", "dp4", 32768),
+        run("moe-4gpu-262k-ep4-mb32k-rerun", "ep4", 32768),
+    ]
+
+
 def _7b(ctx: Ctx) -> list:
     common = words("--tokens-per-step 65536 --max-tokens-per-micro-batch 4096 --steps 3 --warmup 2")
     m = megatron(
@@ -480,6 +500,14 @@ STAGES = [
         "Qwen3-30B-A3B's layer shape with 8 layers on 4 GPUs: Megatron EP=4 (profiled) against EP=1, then both again (AGAIN=0: not); issue 36's megatron-qwen3-moe-4gpu row and its re-run",
         600,
         _moe_4gpu,
+        gpus=4,
+        h200=True,
+    ),
+    _stage(
+        "moe-4gpu-large",
+        "moe-4gpu at 262,144 tokens a GPU and step: EP=4 with 16k and 32k micro-batches, EP=1 with 32k, then EP=1 and EP=4 again",
+        480,
+        _moe_4gpu_large,
         gpus=4,
         h200=True,
     ),
