@@ -37,7 +37,7 @@ the goal check (the largest SP size's longest >= ``--goal-length``).
 
 GPU run (4 x H200; about 4 minutes)::
 
-    python benchmarks/ulysses_gpu.py --gpus 4 --sp 1 4 --model-dir /tmp/models --out ulysses-1.5b.json
+    python benchmarks/ulysses_gpu.py --gpus 4 --sp 4 1 --model-dir /tmp/models --out ulysses-1.5b.json
 
 CPU smoke test (a two-layer model, two gloo ranks, SP 1 and 2, lengths 256 and 512; well under a minute)::
 
