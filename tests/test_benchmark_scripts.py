@@ -283,3 +283,18 @@ def test_the_moe_experts_benchmark_checks_every_variant_against_the_sequential_o
     assert set(results) == {"sequential", "grouped_mm", "padded_bmm"}
     for name, result in results.items():
         assert max(result["max_abs_diff_vs_sequential"].values()) < 1e-5, name
+
+
+def test_moe_demo_model_tiny_is_a_qwen3_moe_over_the_demo_tokenizer(tmp_path):
+    """The model folder the MoE card-command stage trains: a Qwen3-MoE over the demo tokenizer's words,
+    head width set apart from hidden / heads as Qwen3-30B-A3B's is, loadable by HF."""
+    from transformers import AutoConfig, AutoTokenizer
+
+    out = tmp_path / "moe"
+    cmd = [sys.executable, "benchmarks/moe_demo_model.py", "--tiny", "--device", "cpu", "--out", str(out)]
+    done = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stderr[-3000:]
+    config = AutoConfig.from_pretrained(out)
+    assert config.model_type == "qwen3_moe" and config.num_experts == 8 and config.head_dim == 16
+    assert config.vocab_size == len(AutoTokenizer.from_pretrained(out))
+    assert not config.tie_word_embeddings

@@ -69,8 +69,11 @@ def _bench(name: str, limit: int, args: str, out: str):
     return build
 
 
-def _train(name: str, experiment: str, overrides: str, files: str, logs: tuple[str, ...]):
-    """A 15-step `rlcore train` through SGLang; its metrics and logs copied into RES."""
+def _train(
+    name: str, experiment: str, overrides: str, files: str, logs: tuple[str, ...], steps: int = 15, first=()
+):
+    """A `steps`-step `rlcore train` through SGLang, after the actions ``first``; its metrics and logs
+    copied into RES."""
 
     def build(ctx: Ctx) -> list:
         run_dir = Path("runs") / experiment
@@ -87,10 +90,11 @@ def _train(name: str, experiment: str, overrides: str, files: str, logs: tuple[s
             RLCORE,
             "train",
             words(overrides),
-            "trainer.total_steps=15",
+            f"trainer.total_steps={steps}",
             f"trainer.experiment_name={experiment}",
         )
         return [
+            *first,
             Do(f"rm -rf {run_dir}", lambda ctx: shutil.rmtree(run_dir, ignore_errors=True)),
             Run(name, 420, argv, tail=40),
             Do(
@@ -115,6 +119,22 @@ def _train_stage(
         gpus=gpus,
     )
 
+
+#: Issue 36: the card's command with a Qwen3-MoE of Qwen3-30B-A3B's layer shape (8 layers, the demo
+#: tokenizer's vocabulary: benchmarks/moe_demo_model.py) on 4 GPUs, Megatron EP=4 and one SGLang replica a GPU.
+MOE_MODEL = "/tmp/rlcore-bench-gpu/moe-demo"
+MOE_OVERRIDES = (
+    f"--engine megatron --rollout sglang model.path={MOE_MODEL} actor.world_size=4 "
+    "megatron.expert_model_parallel_size=4 rollout.num_engines=4"
+)
+MOE_FIRST = (
+    Run(
+        "moe-model",
+        180,
+        (PY, "benchmarks/moe_demo_model.py", "--layers", "8", "--out", MOE_MODEL),
+        tail=2,
+    ),
+)
 
 STAGES = [
     Stage(
@@ -289,6 +309,24 @@ STAGES = [
         "train_megatron_tp2_sglang",
         200,
         gpus=2,
+    ),
+    Stage(
+        name="sglang-train-moe-4gpu",
+        doc=f"rlcore train {MOE_OVERRIDES}, 5 GRPO steps (the demo task; Qwen3-30B-A3B's layer shape, 8 layers)",
+        script="benchmarks/moe_demo_model.py",
+        seconds=480,
+        build=_train(
+            "train-moe-4gpu",
+            "sglang-moe-4gpu",
+            MOE_OVERRIDES,
+            "train_moe_4gpu_sglang",
+            ("logs", "config.yaml", "error.log"),
+            steps=5,
+            first=MOE_FIRST,
+        ),
+        bundles=("sglang",),
+        gpus=4,
+        h200=True,
     ),
     _train_stage(
         "train-split",
