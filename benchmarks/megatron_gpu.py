@@ -151,6 +151,10 @@ def worker(rank: int, world: int, port: int, args, path: str, out: str) -> None:
         times = []
         reset_peak_memory()
         shards = [shard(batch, dp_size, dp_rank) for batch, _ in steps]  # split before the clock starts
+        if args.manual_gc:  # is the host's end-of-step gap Python's collector? (megatron-LM's --manual-gc)
+            gc.collect()
+            gc.freeze()
+            gc.disable()
         for part in shards:
             platform.synchronize()
             t0 = time.perf_counter()
@@ -161,6 +165,9 @@ def worker(rank: int, world: int, port: int, args, path: str, out: str) -> None:
             where = Path(args.profile) / f"megatron-{args.model}-{layout}.txt"
             step = functools.partial(engine.train_step, shards[-1], nll_loss)
             profile_call(step, str(where), write=rank == 0)
+        if args.manual_gc:
+            gc.enable()
+            gc.unfreeze()
         timed = times[args.warmup :]
         median = statistics.median(timed)
         tokens = statistics.median(sum(lengths) for _, lengths in steps[args.warmup :])
@@ -272,6 +279,11 @@ def parse_args(argv=None):
         "as the FSDP rows do",
     )
     p.add_argument("--profile", default=None, help="folder for each layout's top operators (one more step)")
+    p.add_argument(
+        "--manual-gc",
+        action="store_true",
+        help="Python's garbage collector off during the timed (and profiled) steps, the heap frozen first",
+    )
     p.add_argument("--device", default="auto", help="rlcore device platform name")
     p.add_argument("--model-dir", default=None, help="where the random model is saved (default: a temp dir)")
     p.add_argument("--tiny", action="store_true", help="CPU smoke test: tiny model, gloo, a few tiny steps")

@@ -225,6 +225,20 @@ def _moe_4gpu_large(ctx: Ctx) -> list:
     ]
 
 
+def _moe_gc(ctx: Ctx) -> list:
+    """Is the MoE step's 100 ms end-of-step device idle Python's garbage collector? The 4-layer shape on one
+    GPU at 65,536 tokens a step, profiled, with the collector as Python runs it and with it off."""
+    model = "qwen3-30b-a3b-4l"
+    common = (TP1, words("--tokens-per-step 65536 --steps 3 --warmup 2 --probe-tokens 1024"))
+
+    def run(name: str, *extra: str) -> Run:
+        return megatron(
+            ctx, name, 150, 1, "tp1", model, common, "--profile", f"{ctx.res}/profile-{name}", *extra
+        )
+
+    return [save_model(model), run("moe-gc-default"), run("moe-gc-manual", "--manual-gc")]
+
+
 def _7b(ctx: Ctx) -> list:
     common = words("--tokens-per-step 65536 --max-tokens-per-micro-batch 4096 --steps 3 --warmup 2")
     m = megatron(
@@ -502,6 +516,13 @@ STAGES = [
         _moe_4gpu,
         gpus=4,
         h200=True,
+    ),
+    _stage(
+        "moe-gc",
+        "the 4-layer MoE shape on one GPU, profiled, with Python's garbage collector on and off during the steps",
+        240,
+        _moe_gc,
+        gpus=1,
     ),
     _stage(
         "moe-4gpu-large",
