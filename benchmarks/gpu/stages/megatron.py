@@ -233,7 +233,7 @@ def _moe_gc(ctx: Ctx) -> list:
 
     def run(name: str, *extra: str) -> Run:
         return megatron(
-            ctx, name, 150, 1, "tp1", model, common, "--profile", f"{ctx.res}/profile-{name}", *extra
+            ctx, name, 150, 1, "tp1", model, *common, "--profile", f"{ctx.res}/profile-{name}", *extra
         )
 
     return [save_model(model), run("moe-gc-default"), run("moe-gc-manual", "--manual-gc")]
