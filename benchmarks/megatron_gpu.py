@@ -2,7 +2,8 @@
 
 For each layout (``--layouts``: ``tp2`` tensor-parallel, ``pp2`` two pipeline stages, ``dp2`` data
 parallel with the distributed optimizer; ``tp1`` with ``--gpus 1``: one GPU, for the row against the
-FSDP engine's ``benchmarks/fsdp_train.py``) ``--gpus`` fresh processes (spawned here, no torchrun) build
+FSDP engine's ``benchmarks/fsdp_train.py``; for mixture-of-experts shapes ``ep2``/``ep4`` expert
+parallelism over 2/4 data-parallel ranks and ``dp4`` its EP=1 baseline) ``--gpus`` fresh processes (spawned here, no torchrun) build
 ``MegatronEngine`` in bf16 from a random model of the ``--model`` shape (Qwen2.5-0.5B by default; built
 and saved here: no download), then
 
