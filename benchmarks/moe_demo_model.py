@@ -17,7 +17,33 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
+import _workload
 import torch
+
+
+def layer_shape(tiny: bool) -> dict:
+    """``tiny_config``'s size arguments and the head width: ``_workload``'s Qwen3-30B-A3B layer shape (its
+    heads are 128 wide, not hidden / heads), or small ones for the CPU smoke test."""
+    if tiny:
+        return dict(
+            hidden_size=64,
+            num_heads=4,
+            num_kv_heads=2,
+            intermediate_size=32,
+            num_experts=8,
+            num_experts_per_tok=2,
+            head_dim=16,
+        )
+    ref = _workload.model_config("qwen3-30b-a3b-8l")
+    return dict(
+        hidden_size=ref.hidden_size,
+        num_heads=ref.num_attention_heads,
+        num_kv_heads=ref.num_key_value_heads,
+        intermediate_size=ref.moe_intermediate_size,
+        num_experts=ref.num_experts,
+        num_experts_per_tok=ref.num_experts_per_tok,
+        head_dim=ref.head_dim,
+    )
 
 
 def build(out: Path, layers: int, tiny: bool, device: str) -> Path:
@@ -25,21 +51,17 @@ def build(out: Path, layers: int, tiny: bool, device: str) -> Path:
 
     out.mkdir(parents=True, exist_ok=True)
     tokenizer = build_tiny_tokenizer(out)
-    shape = (
-        dict(hidden_size=64, num_heads=4, num_kv_heads=2, intermediate_size=32, num_experts=8)
-        if tiny
-        else dict(hidden_size=2048, num_heads=32, num_kv_heads=4, intermediate_size=768, num_experts=128)
-    )
+    shape = layer_shape(tiny)
+    head_dim = shape.pop("head_dim")
     config = tiny_config(
         tokenizer,
         architecture="qwen3_moe",
         num_layers=layers,
-        num_experts_per_tok=8 if not tiny else 2,
         max_position_embeddings=32768,
         tie_word_embeddings=False,
         **shape,
     )
-    config.head_dim = 16 if tiny else 128  # Qwen3-30B-A3B's heads are 128 wide, not hidden / heads (64)
+    config.head_dim = head_dim  # tiny_config sets hidden / heads
     torch.manual_seed(0)
     with torch.device(device):
         model = causal_lm_class("qwen3_moe")(config).to(torch.bfloat16)
