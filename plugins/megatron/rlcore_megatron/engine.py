@@ -459,10 +459,11 @@ class MegatronEngine(TrainEngine):
             # Each MoE layer exchanges tokens with the other data-parallel ranks: every rank must run as
             # many micro-batches as the one that planned most. A rank with fewer rows than that runs
             # ghosts (its first row again, loss zero, outputs dropped).
-            count = torch.tensor(len(rows), device=self.device)
-            dist.all_reduce(count, op=dist.ReduceOp.MAX, group=mpu.get_data_parallel_group())
-            rows = split_to_count(rows, lengths, int(count))
-            ghosts = int(count) - len(rows)
+            most = torch.tensor(len(rows), device=self.device)
+            dist.all_reduce(most, op=dist.ReduceOp.MAX, group=mpu.get_data_parallel_group())
+            count = int(most)
+            rows = split_to_count(rows, lengths, count)
+            ghosts = count - len(rows)
         shapes = [input_shape([lengths[i] for i in r], self._multiple, packed) for r in rows]
         shapes += [input_shape(lengths[:1], self._multiple, packed)] * ghosts
 
