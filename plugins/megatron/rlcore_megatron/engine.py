@@ -41,6 +41,7 @@ from rlcore_megatron.attention import PackedRotary, PackedSequences
 from rlcore_megatron.compiled import compile_layers
 from rlcore_megatron.config import MegatronConfig
 from rlcore_megatron.convert import param_maps
+from rlcore_megatron.experts import stacked_once
 from rlcore_megatron.export import hf_named_tensors
 from rlcore_megatron.handoffs import handoff_shape, known_shapes
 from rlcore_megatron.hf_io import HFCheckpoint, load_into, write_hf_folder
@@ -428,7 +429,11 @@ class MegatronEngine(TrainEngine):
         # Each stage computes every hand-off's shape: no shape exchange, and no device sync, per hand-off.
         # Sequence parallelism splits each hand-off over the TP ranks as it splits the micro-batch.
         handoffs = [handoff_shape(shape, self.shape.hidden_size, self._multiple) for shape in plan.shapes]
-        with known_shapes(handoffs) if self.layout.pp_size > 1 else contextlib.nullcontext():
+        # No weight changes within the schedule: MoE layers stack their experts once for all micro-batches.
+        with (
+            known_shapes(handoffs) if self.layout.pp_size > 1 else contextlib.nullcontext(),
+            stacked_once(self.module),
+        ):
             return get_forward_backward_func()(
                 forward_step_func=forward_step,
                 data_iterator=plan.micros(),

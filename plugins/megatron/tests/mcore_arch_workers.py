@@ -42,6 +42,7 @@ def _run(engine, batch, r, key, rows=None):
     r[f"{key}_infer"] = _infer(engine, part, ("log_probs", "entropy"))
     r[f"{key}_metrics"] = engine.train_step(part, nll_loss)
     r[f"{key}_export1"] = _export(engine)
+    r[f"{key}_infer1"] = _infer(engine, part, ("log_probs",))
 
 
 def arch1(rank, world, port, paths, batch, work_dir):

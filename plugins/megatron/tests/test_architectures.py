@@ -84,9 +84,17 @@ def reference(paths, batch):
         loss, grad_norm, after = hf_train_step(
             model, batch, lr=1e-3, betas=(0.9, 0.999), eps=ADAM_EPS, weight_decay=0.01, grad_clip=1.0
         )
+        model.load_state_dict(after)
+        log_probs_after, _ = hf_response_outputs(model, batch)
         after = revert_weight_conversion(model, after)  # fused in-memory experts -> checkpoint names
         out[arch] = dict(
-            stored=stored, log_probs=log_probs, entropy=entropy, loss=loss, grad_norm=grad_norm, after=after
+            stored=stored,
+            log_probs=log_probs,
+            entropy=entropy,
+            loss=loss,
+            grad_norm=grad_norm,
+            after=after,
+            log_probs_after=log_probs_after,
         )
     return out
 
@@ -150,6 +158,15 @@ def test_one_training_step_equals_float64_hf(world1, reference, arch):
     assert metrics["loss"] == pytest.approx(ref["loss"], abs=ATOL)
     assert metrics["grad_norm"] == pytest.approx(ref["grad_norm"], rel=1e-4)
     _check_weights(world1[f"{arch}_export1"], ref["after"], atol=ATOL)
+
+
+@pytest.mark.parametrize("arch", ARCHITECTURES)
+def test_log_probs_after_the_step_equal_float64_hf(world1, reference, batch, arch):
+    """The forward after a step uses the stepped weights (MoE layers stack their experts once per
+    forward/backward schedule and must not carry that copy over a step)."""
+    mask = batch["response_mask"].bool()
+    got = world1[f"{arch}_infer1"]["log_probs"].double()[mask]
+    torch.testing.assert_close(got, reference[arch]["log_probs_after"][mask], rtol=0, atol=ATOL)
 
 
 @pytest.mark.parametrize("key", list(LAYOUTS))
