@@ -225,6 +225,24 @@ def _moe_4gpu_large(ctx: Ctx) -> list:
     ]
 
 
+def _moe_4gpu_stacked(ctx: Ctx) -> list:
+    """moe-4gpu-large's best layout (EP=1, 32k micro-batches) and its re-run, then EP=4, after the experts
+    were stacked once per step (rlcore_megatron.experts.stacked_once)."""
+    model = "qwen3-30b-a3b-8l"
+    step = words("--remove-padding --logits-chunk-size 4096 --no-recompute-logits")
+    step += words("--tokens-per-step 262144 --steps 3 --warmup 2 --max-tokens-per-micro-batch 32768")
+
+    def run(name: str, layout: str) -> Run:
+        return megatron(ctx, name, 400, 4, layout, model, step)
+
+    return [
+        save_model(model),
+        run("moe-stacked-ep1-mb32k", "dp4"),
+        run("moe-stacked-ep1-mb32k-rerun", "dp4"),
+        run("moe-stacked-ep4-mb32k", "ep4"),
+    ]
+
+
 def _moe_gc(ctx: Ctx) -> list:
     """Is the MoE step's 100 ms end-of-step device idle Python's garbage collector? The 4-layer shape on one
     GPU at 65,536 tokens a step, profiled, with the collector as Python runs it and with it off."""
@@ -529,6 +547,14 @@ STAGES = [
         "moe-4gpu at 262,144 tokens a GPU and step: EP=4 with 16k and 32k micro-batches, EP=1 with 32k, then EP=1 and EP=4 again",
         480,
         _moe_4gpu_large,
+        gpus=4,
+        h200=True,
+    ),
+    _stage(
+        "moe-4gpu-stacked",
+        "moe-4gpu-large's EP=1 row and re-run, then EP=4, with the experts stacked once per step",
+        360,
+        _moe_4gpu_stacked,
         gpus=4,
         h200=True,
     ),
