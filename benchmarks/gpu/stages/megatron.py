@@ -243,6 +243,19 @@ def _moe_4gpu_stacked(ctx: Ctx) -> list:
     ]
 
 
+def _moe_4gpu_overlap(ctx: Ctx) -> list:
+    """The EP=1 row with megatron.overlap_grad_reduce: the data-parallel reduce-scatter of the gradients
+    (5.6B of them in fp32 at this shape) runs in buckets during the backward instead of after it. Twice."""
+    model = "qwen3-30b-a3b-8l"
+    step = words("--remove-padding --logits-chunk-size 4096 --no-recompute-logits --overlap-grad-reduce")
+    step += words("--tokens-per-step 262144 --steps 3 --warmup 2 --max-tokens-per-micro-batch 32768")
+    return [
+        save_model(model),
+        megatron(ctx, "moe-overlap-ep1-mb32k", 400, 4, "dp4", model, step),
+        megatron(ctx, "moe-overlap-ep1-mb32k-rerun", 400, 4, "dp4", model, step),
+    ]
+
+
 def _moe_gc(ctx: Ctx) -> list:
     """Is the MoE step's 100 ms end-of-step device idle Python's garbage collector? The 4-layer shape on one
     GPU at 65,536 tokens a step, profiled, with the collector as Python runs it and with it off."""
@@ -555,6 +568,14 @@ STAGES = [
         "moe-4gpu-large's EP=1 row and re-run, then EP=4, with the experts stacked once per step",
         360,
         _moe_4gpu_stacked,
+        gpus=4,
+        h200=True,
+    ),
+    _stage(
+        "moe-4gpu-overlap",
+        "the EP=1 MoE row and its re-run with the gradient reduce-scatter overlapped with the backward",
+        260,
+        _moe_4gpu_overlap,
         gpus=4,
         h200=True,
     ),
