@@ -116,8 +116,8 @@ class _Stacked(torch.autograd.Function):
     weights, whose backward hands each weight its slice of the gradient.
 
     Where a weight has megatron's ``main_grad`` (the DDP-wrapped engine), the slices are added into the
-    main grads with one multi-tensor add and flagged ``grad_added_to_main_grad``, so DDP's hook adds nothing
-    more; the gradient returned is then an unfilled stand-in (as megatron-core's fused accumulation returns)
+    main grads with one add (:func:`_main_grads_as_one`) and flagged ``grad_added_to_main_grad``, so DDP's
+    hook adds nothing more; the gradient returned is then an unfilled stand-in (as megatron-core's fused accumulation returns)
     that only lets the hook run. Otherwise each weight gets its slice."""
 
     @staticmethod
@@ -130,7 +130,32 @@ class _Stacked(torch.autograd.Function):
         weights = ctx.weights
         if not all(hasattr(w, "main_grad") for w in weights):
             return None, *grad.unbind(0)
-        torch._foreach_add_([w.main_grad for w in weights], list(grad.unbind(0)))
+        main = _main_grads_as_one([w.main_grad for w in weights])
+        if main is not None:
+            target, reversed_ = main
+            flat = grad.reshape(len(weights), -1)
+            target.add_(flat.flip(0) if reversed_ else flat)
+        else:
+            torch._foreach_add_([w.main_grad for w in weights], list(grad.unbind(0)))
         for w in weights:
             w.grad_added_to_main_grad = True
         return None, *(torch.empty(w.shape, dtype=grad.dtype, device=grad.device) for w in weights)
+
+
+def _main_grads_as_one(grads: list[torch.Tensor]) -> tuple[torch.Tensor, bool] | None:
+    """The experts' main grads as one ``[E, n]`` view of DDP's gradient buffer, when they lie there at one
+    stride (megatron's buffer holds a layer's experts evenly spaced, in reverse order, fc1 and fc2
+    alternating), and whether the view runs from the last expert to the first. One add into that view
+    replaces an add per expert: at the 30B-A3B shape each of those moved a few MB, too little to use the
+    device's bandwidth (docs/benchmarks.md). ``None`` when they do not (then an add per expert)."""
+    n = grads[0].numel()
+    if len(grads) < 2 or any(g.numel() != n or not g.is_contiguous() for g in grads):
+        return None
+    if any(g.untyped_storage().data_ptr() != grads[0].untyped_storage().data_ptr() for g in grads):
+        return None
+    offsets = [g.storage_offset() for g in grads]
+    step = offsets[1] - offsets[0]
+    if abs(step) < n or any(b - a != step for a, b in zip(offsets, offsets[1:], strict=False)):
+        return None
+    start = min(offsets)
+    return grads[0].as_strided((len(grads), n), (abs(step), 1), start), step < 0
