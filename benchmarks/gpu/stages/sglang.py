@@ -332,6 +332,26 @@ STAGES = [
         h200=True,
     ),
     Stage(
+        name="sglang-train-moe-2gpu",
+        doc="the card's MoE command on 2 GPUs: EP=2, two SGLang replicas, 5 GRPO steps (the 8-layer shape)",
+        script="benchmarks/moe_demo_model.py",
+        seconds=420,
+        build=_train(
+            "train-moe-2gpu",
+            "sglang-moe-2gpu",
+            MOE_OVERRIDES.replace("actor.world_size=4", "actor.world_size=2")
+            .replace("expert_model_parallel_size=4", "expert_model_parallel_size=2")
+            .replace("rollout.num_engines=4", "rollout.num_engines=2"),
+            "train_moe_2gpu_sglang",
+            ("logs", "config.yaml", "error.log"),
+            steps=5,
+            first=MOE_FIRST,
+        ),
+        bundles=("sglang",),
+        gpus=2,
+        h200=True,
+    ),
+    Stage(
         name="sglang-train-moe-4gpu-rerun",
         doc="sglang-train-moe-4gpu again, from a fresh model folder and run directory: its re-run",
         script="benchmarks/moe_demo_model.py",
