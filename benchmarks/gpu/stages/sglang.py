@@ -123,11 +123,12 @@ def _train_stage(
 #: Issue 36: the card's command with a Qwen3-MoE of Qwen3-30B-A3B's layer shape (8 layers, the demo
 #: tokenizer's vocabulary: benchmarks/moe_demo_model.py) on 4 GPUs, Megatron EP=4 and one SGLang replica a GPU.
 MOE_MODEL = "/tmp/rlcore-bench-gpu/moe-demo"
-# The actor's state moves off the GPUs while SGLang generates: with it kept, SGLang's KV cache (half of each
-# GPU, its default) failed to come back after the first step's weight sync (out of memory in
-# torch_memory_saver's resume, 2026-11-28).
+# bf16 (the demo's model.dtype is float32, for CPUs), and the actor's state moved off the GPUs while SGLang
+# generates: in fp32 with the state kept, SGLang's KV cache (half of each GPU, its default) failed to come
+# back after the first sync on 4 GPUs, and with the state moved the actor ran out of memory in step 2's
+# sync on 2 (2026-11-28; docs/benchmarks.md).
 MOE_OVERRIDES = (
-    f"--engine megatron --rollout sglang model.path={MOE_MODEL} actor.world_size=4 "
+    f"--engine megatron --rollout sglang model.path={MOE_MODEL} model.dtype=bfloat16 actor.world_size=4 "
     "megatron.expert_model_parallel_size=4 rollout.num_engines=4 trainer.release_train_in_rollout=true"
 )
 MOE_FIRST = (
