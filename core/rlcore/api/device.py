@@ -102,6 +102,14 @@ class DevicePlatform(abc.ABC):
         and their round trips. Default: yes."""
         return True
 
+    def default_rollout(self, installed: Sequence[str]) -> tuple[str, str]:
+        """The rollout engine ``rollout.engine: auto`` picks on this device among the ``installed`` ones
+        (registry names), and why, in a few words for the run's log. Default: vLLM when installed, else
+        the reference HF rollout."""
+        if "vllm" in installed:
+            return "vllm", "vLLM is installed"
+        return "hf", "vLLM is not installed"
+
     def attention_implementation(self) -> str:
         """The Hugging Face ``attn_implementation`` that works on this device, used where a config leaves
         the choice open. Default ``"sdpa"``: PyTorch's own kernel, which every torch device has."""

@@ -21,11 +21,11 @@ class UserError(Exception):
     """A problem the user fixes (config, engine name, plugin): printed without a traceback."""
 
 
-def _load(args: Any):
+def _load(args: Any, notes: list[str] | None = None):
     from rlcore.config import load_config
 
     try:
-        return load_config(args.config_file, args.overrides, args.engine, args.rollout)
+        return load_config(args.config_file, args.overrides, args.engine, args.rollout, notes=notes)
     except (ConfigError, RegistryError, PluginError) as exc:
         raise UserError(str(exc)) from None
 
@@ -39,7 +39,8 @@ def cmd_train(args: Any) -> int:
     # installed") before the run directory, and so its logs folder, exists: keep those warnings for it.
     with warnings.catch_warnings(record=True) as early:
         warnings.simplefilter("default")
-        config = _load(args)
+        notes: list[str] = []
+        config = _load(args, notes)
         from rlcore.trainer.preflight import check_run
         from rlcore.trainer.run import run_training
 
@@ -49,7 +50,7 @@ def cmd_train(args: Any) -> int:
         except ConfigError as exc:
             raise UserError(str(exc)) from None
 
-    result = run_training(config, early_warnings=early)
+    result = run_training(config, early_warnings=early, notes=notes)
     return 0 if result.ok else 1
 
 

@@ -294,8 +294,11 @@ def placement_from_config(config: Any, roles: Sequence[str]) -> Placement:
     """The placement ``trainer.placement`` asks for, for ``roles``, in the connected Ray cluster."""
     import ray
 
+    # load_config and the Trainer resolve ``auto`` knowing the rollout engine; a caller that builds its
+    # roles itself gets the layout that assumes nothing about them.
+    mode = "colocated" if config.trainer.placement == "auto" else config.trainer.placement
     return plan_placement(
-        config.trainer.placement,
+        mode,
         role_sizes_from_config(config, roles),
         resource=cluster_resource(config.trainer.device),
         total_cpus=float(ray.cluster_resources().get("CPU", 1.0)),

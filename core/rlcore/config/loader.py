@@ -18,6 +18,7 @@ import yaml
 from omegaconf import OmegaConf
 from omegaconf.errors import OmegaConfBaseException
 
+from rlcore.config.auto import choose_placement, choose_rollout
 from rlcore.config.names import NAMED_KEYS, check_names, name_error
 from rlcore.config.schema import FieldValueError, RLConfig
 from rlcore.plugins import registry
@@ -90,11 +91,9 @@ def _all_sections() -> dict[str, tuple[str, type]]:
     return found
 
 
-def resolve_rollout(name: str) -> str:
-    """``auto``: vLLM when its plugin is installed, else the reference HF rollout."""
-    if name != "auto":
-        return name
-    return "vllm" if "vllm" in registry("rollout_engines") else "hf"
+def resolve_rollout(name: str, device: str = "auto", ray_address: str | None = None) -> str:
+    """``auto``: the choice of ``device``'s platform (:func:`rlcore.config.auto.choose_rollout`)."""
+    return choose_rollout(name, device, ray_address)[0]
 
 
 # -- unknown keys ---------------------------------------------------------------------------------
@@ -181,12 +180,19 @@ def load_config(
     overrides: Sequence[str] = (),
     engine: str | None = None,
     rollout: str | None = None,
+    notes: list[str] | None = None,
 ) -> RLConfig:
-    """Resolve and validate a run's config. Raises :class:`ConfigError` listing every problem."""
+    """Resolve and validate a run's config. Raises :class:`ConfigError` listing every problem. ``notes``,
+    when given, receives a line for each ``auto`` value resolved here, saying what it became and why."""
     # A run without training files trains on the built-in task, whose settings lie under the user's.
     raw = with_task_recipe(merge_sources(config_file, overrides, engine, rollout))
     engine_name = raw.get("engine", RLConfig().engine)
-    rollout_name = resolve_rollout((raw.get("rollout") or {}).get("engine", "auto"))
+    trainer_raw = raw.get("trainer") if isinstance(raw.get("trainer"), dict) else {}
+    rollout_name, why_rollout = choose_rollout(
+        (raw.get("rollout") or {}).get("engine", "auto"),
+        trainer_raw.get("device", "auto"),
+        trainer_raw.get("ray_address"),
+    )
     engines = {"engine": engine_name, "rollout.engine": rollout_name}
     # Checked first: the selected engines decide which plugin sections exist. An unknown engine has no
     # section; its error is reported with the unknown keys, and a value of the wrong type by the type check.
@@ -224,6 +230,10 @@ def load_config(
     errors += [e for name in sections for e in _run_errors(config.plugins[name], config)]
     if errors:
         raise invalid_config(errors)
+    placement, why_placement = choose_placement(config, rollout_name)
+    config = attrs.evolve(config, trainer=attrs.evolve(config.trainer, placement=placement))
+    if notes is not None:
+        notes.extend([why_rollout, why_placement])
     return config
 
 

@@ -177,7 +177,9 @@ class CriticConfig:
 class RolloutConfig:
     """Generation: which rollout engine and how it samples."""
 
-    #: Rollout engine plugin (``vllm``, ``sglang``, ``hf`` ...); ``auto``: vllm when installed, else hf.
+    #: Rollout engine plugin (``vllm``, ``sglang``, ``hf`` ...); ``auto``: the device platform's choice
+    #: (on GPUs vLLM when installed, else hf; on CPUs hf, which measured faster there); the run's log
+    #: says which and why.
     engine: str = "auto"
     #: Parameter dtype of the rollout engine, and of the weight stream to it; ``null``: ``model.dtype``.
     #: ``bfloat16`` with an fp32 trainer (``model.dtype: float32`` and the engine's bf16 mixed precision)
@@ -348,7 +350,9 @@ class TrainerConfig:
     #: (colocated, and each rollout replica built inside an actor rank's process, as verl's hybrid
     #: engine: its weights are loaded in memory, without a transport or a trip through the driver;
     #: ``rollout.num_engines`` at most ``actor.world_size``, ``rollout.tensor_parallel_size`` 1).
-    placement: str = attrs.field(default="colocated", validator=_one_of("colocated", "split", "hybrid"))
+    #: ``auto``: ``hybrid`` for the HF rollout where that layout applies (synchronous mode, no named
+    #: transport), else ``colocated``; the run's log says which and why.
+    placement: str = attrs.field(default="auto", validator=_one_of("auto", "colocated", "split", "hybrid"))
     #: ``sync``: each step generates, then trains, then syncs weights. ``one_step_off``: the rollout
     #: generates the next step's batch with the previous weights while the actor trains on this one
     #: (``max_staleness`` 1). ``async``: the rollout generates ahead of the trainer by up to

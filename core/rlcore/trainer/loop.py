@@ -54,6 +54,9 @@ class Trainer:
     """
 
     def __init__(self, config: Any, run_dir: str | Path, *, console: Any = None, config_yaml: str = ""):
+        from rlcore.config.auto import resolve_auto
+
+        config, _ = resolve_auto(config)  # a config built in code may still say auto (load_config resolves)
         self.config, self.run_dir, self.config_yaml = config, Path(run_dir), config_yaml
         self.step = 0
         self.history: list[dict[str, Any]] = []

@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import contextlib
 import os
+import sys
 import time
 import traceback
 import warnings
@@ -99,7 +100,7 @@ def prepare_run(config: Any) -> tuple[Any, Path, str]:
     """Resolve model paths and the rollout engine, create the run directory, write built-in task data
     into it and ``config.yaml``. Returns ``(resolved config, run_dir, config yaml)``."""
     from rlcore.config import to_yaml
-    from rlcore.config.loader import resolve_rollout
+    from rlcore.config.auto import resolve_auto
     from rlcore.rewards.model_config import absolute_paths
 
     model = attrs.evolve(
@@ -112,9 +113,9 @@ def prepare_run(config: Any) -> tuple[Any, Path, str]:
     critic = config.critic
     if critic.model_path:
         critic = attrs.evolve(critic, model_path=resolve_model_path(critic.model_path))
-    rollout = attrs.evolve(config.rollout, engine=resolve_rollout(config.rollout.engine))
     reward_model = absolute_paths(config.reward_model)
-    config = attrs.evolve(config, model=model, critic=critic, rollout=rollout, reward_model=reward_model)
+    config = attrs.evolve(config, model=model, critic=critic, reward_model=reward_model)
+    config, _ = resolve_auto(config)  # a config built in code may still say auto (load_config resolves)
     name = config.trainer.experiment_name or f"{config.algorithm.name}-{time.strftime('%Y%m%d-%H%M%S')}"
     run_dir = Path(config.trainer.output_dir).expanduser() / name
     run_dir.mkdir(parents=True, exist_ok=True)
@@ -125,18 +126,27 @@ def prepare_run(config: Any) -> tuple[Any, Path, str]:
 
 
 # -- the run ---------------------------------------------------------------------------------------
-def run_training(config: Any, *, console: Any = None, early_warnings: Sequence[Any] = ()) -> RunResult:
+def run_training(
+    config: Any, *, console: Any = None, early_warnings: Sequence[Any] = (), notes: Sequence[str] = ()
+) -> RunResult:
     """Train as ``config`` says; print a summary; never raise for a failed run (see :class:`RunResult`).
 
     With ``trainer.log_level: quiet`` the run's own lines go to ``console`` (default: the terminal) and
     all other output of this process and the workers to ``<run dir>/logs/`` (:mod:`rlcore.telemetry.terminal`).
     ``early_warnings`` (``warnings.WarningMessage``) were caught before the run began (plugin imports)
-    and are shown where the run's other library output goes."""
+    and are shown where the run's other library output goes. ``notes``: what the config's ``auto``
+    values became and why (:func:`rlcore.config.load_config`), written to the driver's log."""
     with contextlib.ExitStack() as stack:
-        return _run(config, console, stack, early_warnings)
+        return _run(config, console, stack, early_warnings, notes)
 
 
-def _run(config: Any, console: Any, stack: contextlib.ExitStack, early_warnings: Sequence[Any]) -> RunResult:
+def _run(
+    config: Any,
+    console: Any,
+    stack: contextlib.ExitStack,
+    early_warnings: Sequence[Any],
+    notes: Sequence[str] = (),
+) -> RunResult:
     from rich.console import Console
 
     from rlcore.telemetry.terminal import LOGS_DIR, run_output
@@ -153,6 +163,8 @@ def _run(config: Any, console: Any, stack: contextlib.ExitStack, early_warnings:
         terminal = stack.enter_context(run_output(result.run_dir, config.trainer.log_level))
         for w in early_warnings:
             warnings.showwarning(w.message, w.category, w.filename, w.lineno)
+        for note in notes:
+            print(f"rlcore: {note}", file=sys.stderr, flush=True)
         console = console or Console(file=terminal)  # file=None: the terminal, when not quiet
         console.print(f"[bold]rlcore[/bold] {config.algorithm.name} run in {result.run_dir}", highlight=False)
         if terminal is not None:

@@ -65,7 +65,7 @@ def test_unknown_nested_and_plugin_keys():
         ("trainer.total_steps=3.0", r"'trainer.total_steps': expected int, got float 3.0"),
         ("trainer.val_before_train=1", r"'trainer.val_before_train': expected bool, got int 1"),
         ("trainer.total_steps=0", r"'trainer.total_steps': must be >= 1, got 0"),
-        ("trainer.placement=nowhere", r"'trainer.placement': must be one of colocated, split"),
+        ("trainer.placement=nowhere", r"'trainer.placement': must be one of auto, colocated, split"),
         ("rollout.n=2.5", r"'rollout.n': expected int, got float 2.5"),
         ("fsdp.cpu_offload=maybe", r"'fsdp.cpu_offload': expected bool, got str 'maybe'"),
     ],

@@ -1,0 +1,81 @@
+"""What the config's ``auto`` values for the rollout engine and the placement become, and why.
+
+``rollout.engine: auto`` asks the device platform the run's workers will use
+(:meth:`~rlcore.api.DevicePlatform.default_rollout`: vLLM where installed on accelerators, the HF rollout on
+CPUs, where it measured faster); ``trainer.placement: auto`` builds an HF rollout inside the actor's
+processes (``hybrid``, no weight transport) whenever the layout allows it, and colocates otherwise. Each
+choice comes with a line for the run's log; a value the user names is kept as named.
+"""
+
+from __future__ import annotations
+
+import os
+from typing import Any
+
+import attrs
+
+from rlcore.plugins import registry
+
+
+def choose_rollout(name: str, device: str = "auto", ray_address: str | None = None) -> tuple[str, str]:
+    """``(engine, why)`` for ``rollout.engine: name``. The platform is the one ``trainer.device`` picks on
+    this machine; when the run joins a Ray cluster (``ray_address`` or ``RAY_ADDRESS``) the workers'
+    devices are unknown here, so vLLM when installed, else the HF rollout."""
+    if name != "auto":
+        return name, f"rollout.engine {name} (as set)"
+    installed = tuple(registry("rollout_engines").names())
+    if ray_address or os.environ.get("RAY_ADDRESS"):
+        engine = "vllm" if "vllm" in installed else "hf"
+        return engine, (
+            f"rollout.engine auto -> {engine}: the run joins a Ray cluster whose devices this machine cannot "
+            "see (vLLM when installed); set rollout.engine to choose"
+        )
+    from rlcore.devices import get_platform
+
+    try:
+        platform = get_platform(device)
+    except Exception:  # noqa: BLE001 - an unknown or absent platform is reported by the name checks
+        platform = get_platform("auto")
+    engine, why = platform.default_rollout(installed)
+    return engine, f"rollout.engine auto -> {engine} on {platform.name}: {why}"
+
+
+def choose_placement(config: Any, rollout: str) -> tuple[str, str]:
+    """``(placement, why)`` for ``trainer.placement`` with rollout engine ``rollout`` resolved. ``auto``:
+    ``hybrid`` for the HF rollout when each replica can live in an actor rank's process (one device a
+    replica, no more replicas than actor ranks, the synchronous mode, no named transport), else
+    ``colocated``."""
+    placement = config.trainer.placement
+    if placement != "auto":
+        return placement, f"trainer.placement {placement} (as set)"
+    blockers = []
+    if rollout != "hf":
+        blockers.append(f"rollout engine {rollout} runs in processes of its own")
+    if config.rollout.tensor_parallel_size != 1:
+        blockers.append("rollout.tensor_parallel_size is not 1")
+    if config.rollout.num_engines > config.actor.world_size:
+        blockers.append("rollout.num_engines exceeds actor.world_size")
+    if config.trainer.mode != "sync":
+        blockers.append(f"trainer.mode is {config.trainer.mode}")
+    if config.transport.name not in ("auto", "inprocess"):
+        blockers.append(f"transport.name is {config.transport.name}")
+    if blockers:
+        return "colocated", f"trainer.placement auto -> colocated ({'; '.join(blockers)})"
+    return "hybrid", (
+        "trainer.placement auto -> hybrid: each HF rollout replica is built inside an actor rank's process "
+        "and loads the weights there, without a transport or a trip through the driver"
+    )
+
+
+def resolve_auto(config: Any) -> tuple[Any, list[str]]:
+    """``config`` with ``rollout.engine`` and ``trainer.placement`` resolved, and the lines saying why."""
+    engine, why_engine = choose_rollout(
+        config.rollout.engine, config.trainer.device, config.trainer.ray_address
+    )
+    placement, why_placement = choose_placement(config, engine)
+    resolved = attrs.evolve(
+        config,
+        rollout=attrs.evolve(config.rollout, engine=engine),
+        trainer=attrs.evolve(config.trainer, placement=placement),
+    )
+    return resolved, [why_engine, why_placement]

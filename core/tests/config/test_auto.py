@@ -1,0 +1,74 @@
+"""``rollout.engine: auto`` and ``trainer.placement: auto``: what they become and the reason given."""
+
+from __future__ import annotations
+
+import pytest
+from rlcore.config import load_config
+from rlcore.config.auto import resolve_auto
+from rlcore.config.schema import RLConfig
+from rlcore.plugins import registry
+
+
+def _load(*overrides: str) -> tuple[RLConfig, list[str]]:
+    notes: list[str] = []
+    return load_config(overrides=list(overrides), notes=notes), notes
+
+
+@pytest.fixture(autouse=True)
+def _no_cluster(monkeypatch):
+    monkeypatch.delenv("RAY_ADDRESS", raising=False)
+
+
+def test_on_a_cpu_auto_is_the_hf_rollout_inside_the_actor_and_says_why():
+    config, notes = _load()
+    assert (config.rollout.engine, config.trainer.placement) == ("hf", "hybrid")
+    assert notes[0].startswith("rollout.engine auto -> hf on cpu: on CPUs the HF rollout")
+    assert "0.92x against 1.44x" in notes[0]  # the measurement it rests on
+    assert notes[1].startswith("trainer.placement auto -> hybrid:")
+
+
+@pytest.mark.parametrize(
+    ("overrides", "reason"),
+    [
+        (("rollout.engine=vllm",), "rollout engine vllm runs in processes of its own"),
+        (("rollout.tensor_parallel_size=2",), "rollout.tensor_parallel_size is not 1"),
+        (("rollout.num_engines=2",), "rollout.num_engines exceeds actor.world_size"),
+        (("trainer.mode=one_step_off",), "trainer.mode is one_step_off"),
+        (("transport.name=ray",), "transport.name is ray"),
+    ],
+)
+def test_auto_placement_colocates_where_hybrid_does_not_apply(overrides, reason):
+    if "rollout.engine=vllm" in overrides and "vllm" not in registry("rollout_engines"):
+        pytest.skip("rlcore-vllm is not installed")
+    config, notes = _load(*overrides)
+    assert config.trainer.placement == "colocated"
+    assert notes[1] == f"trainer.placement auto -> colocated ({reason})"
+
+
+def test_named_values_are_kept_and_said_to_be_as_set():
+    config, notes = _load("rollout.engine=hf", "trainer.placement=colocated")
+    assert (config.rollout.engine, config.trainer.placement) == ("hf", "colocated")
+    assert notes == ["rollout.engine hf (as set)", "trainer.placement colocated (as set)"]
+
+
+def test_joining_a_cluster_does_not_guess_its_devices_from_this_machine(monkeypatch):
+    monkeypatch.setenv("RAY_ADDRESS", "10.0.0.1:6379")
+    config, notes = _load()
+    expected = "vllm" if "vllm" in registry("rollout_engines") else "hf"
+    assert config.rollout.engine == expected
+    assert "joins a Ray cluster" in notes[0]
+
+
+def test_a_device_platforms_own_choice_is_asked():
+    """The choice is the platform's (``DevicePlatform.default_rollout``): the test platform keeps the
+    default hook, vLLM where installed."""
+    config, notes = _load("trainer.device=fake")
+    expected = "vllm" if "vllm" in registry("rollout_engines") else "hf"
+    assert config.rollout.engine == expected
+    assert notes[0].startswith(f"rollout.engine auto -> {expected} on fake:")
+
+
+def test_a_config_built_in_code_is_resolved_the_same_way():
+    config, notes = resolve_auto(RLConfig())
+    assert (config.rollout.engine, config.trainer.placement) == ("hf", "hybrid")
+    assert notes == _load()[1]
