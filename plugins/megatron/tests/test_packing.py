@@ -214,7 +214,9 @@ def test_packed_two_ranks_equal_hf(two, qwen, hf_step, layout, holder):
 
 
 # -- compiled layers (megatron.compile) -------------------------------------------------------------
-@pytest.fixture(scope="module", params=[1, 2], ids=["tp1", "tp2"])
+# TP=1 only: each layout compiles every layer four times from a cold cache (about 150 s on 2 cores), and
+# the suite keeps under 45 minutes. TP=2 compiled runs in the GPU rows (megatron-tp2-*).
+@pytest.fixture(scope="module", params=[1], ids=["tp1"])
 def compiled(request, tiny_qwen, tmp_path_factory):
     return run_ranks(mcore_test_workers.compiled, request.param, tiny_qwen, tmp_path_factory)
 
@@ -222,7 +224,7 @@ def compiled(request, tiny_qwen, tmp_path_factory):
 def test_compiled_layers_equal_hf_and_train_as_hf(compiled, qwen, hf_step):
     """Every decoder layer compiled (the packed attention traced into it), the head chunked (at TP=1
     rlcore's fused head with its compiled kernels): log-probs and entropy against the HF model, and the
-    training step against one HF AdamW step, at TP=1 and TP=2."""
+    training step against one HF AdamW step (TP=1)."""
     loss, grad_norm, after = hf_step
     for rank in compiled:
         assert rank["compiled_layers"] == rank["layers"] > 0
