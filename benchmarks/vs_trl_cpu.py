@@ -499,7 +499,9 @@ def plot(runs: list[dict], size: str, path: Path) -> None:
     import matplotlib.pyplot as plt
 
     fig, ax = plt.subplots(figsize=(6, 4))
-    colours = dict(zip(SYSTEMS, ("tab:orange", "tab:blue", "tab:green", "tab:purple"), strict=True))
+    colours = dict(
+        zip(SYSTEMS, ("tab:orange", "tab:blue", "tab:green", "tab:purple", "tab:red"), strict=True)
+    )
     labelled = set()
     for run in runs:
         points = [(s["step"], s["reward"]) for s in run["per_step"] if s["reward"] is not None]
