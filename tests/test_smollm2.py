@@ -152,6 +152,7 @@ def test_a_short_lora_grpo_run_trains_the_adapter_and_vllm_follows_it(model_path
         overrides=[
             "data.train_files=[builtin:addition/train.jsonl]",
             f"model.path={model_path}",
+            "rollout.engine=vllm",  # auto picks the HF rollout on CPUs; this test is about vLLM's adapter
             f"trainer.output_dir={tmp_path}",
             "trainer.experiment_name=lora",
             "trainer.backend=local",
