@@ -123,14 +123,21 @@ def _train_stage(
 #: Issue 36: the card's command with a Qwen3-MoE of Qwen3-30B-A3B's layer shape (8 layers, the demo
 #: tokenizer's vocabulary: benchmarks/moe_demo_model.py) on 4 GPUs, Megatron EP=4 and one SGLang replica a GPU.
 MOE_MODEL = "/tmp/rlcore-bench-gpu/moe-demo"
+
+
 # bf16 (the demo's model.dtype is float32, for CPUs), and the actor's state moved off the GPUs while SGLang
 # generates: in fp32 with the state kept, SGLang's KV cache (half of each GPU, its default) failed to come
 # back after the first sync on 4 GPUs, and with the state moved the actor ran out of memory in step 2's
 # sync on 2 (2026-11-28; docs/benchmarks.md).
-MOE_OVERRIDES = (
-    f"--engine megatron --rollout sglang model.path={MOE_MODEL} model.dtype=bfloat16 actor.world_size=4 "
-    "megatron.expert_model_parallel_size=4 rollout.num_engines=4 trainer.release_train_in_rollout=true"
-)
+def _moe_overrides(gpus: int) -> str:
+    """The card's MoE command on ``gpus`` GPUs: Megatron EP=gpus, one SGLang replica a GPU."""
+    return (
+        f"--engine megatron --rollout sglang model.path={MOE_MODEL} model.dtype=bfloat16 actor.world_size={gpus} "
+        f"megatron.expert_model_parallel_size={gpus} rollout.num_engines={gpus} "
+        "trainer.release_train_in_rollout=true"
+    )
+
+
 MOE_FIRST = (
     Run(
         "moe-model",
@@ -139,6 +146,31 @@ MOE_FIRST = (
         tail=2,
     ),
 )
+
+
+def _moe_train_stage(gpus: int, doc: str, seconds: int, rerun: bool = False) -> Stage:
+    """5 GRPO steps of the card's MoE command on ``gpus`` GPUs, after building the model (``-rerun``: the
+    same from a fresh model folder and run directory)."""
+    key = f"{gpus}gpu" + ("-rerun" if rerun else "")
+    return Stage(
+        name=f"sglang-train-moe-{key}",
+        doc=doc,
+        script="benchmarks/moe_demo_model.py",
+        seconds=seconds,
+        build=_train(
+            f"train-moe-{key}",
+            f"sglang-moe-{key}",
+            _moe_overrides(gpus),
+            f"train_moe_{gpus}gpu_sglang" + ("_rerun" if rerun else ""),
+            ("logs", "config.yaml", "error.log"),
+            steps=5,
+            first=MOE_FIRST,
+        ),
+        bundles=("sglang",),
+        gpus=gpus,
+        h200=True,
+    )
+
 
 STAGES = [
     Stage(
@@ -314,61 +346,21 @@ STAGES = [
         200,
         gpus=2,
     ),
-    Stage(
-        name="sglang-train-moe-4gpu",
-        doc=f"rlcore train {MOE_OVERRIDES}, 5 GRPO steps (the demo task; Qwen3-30B-A3B's layer shape, 8 layers)",
-        script="benchmarks/moe_demo_model.py",
-        seconds=480,
-        build=_train(
-            "train-moe-4gpu",
-            "sglang-moe-4gpu",
-            MOE_OVERRIDES,
-            "train_moe_4gpu_sglang",
-            ("logs", "config.yaml", "error.log"),
-            steps=5,
-            first=MOE_FIRST,
-        ),
-        bundles=("sglang",),
-        gpus=4,
-        h200=True,
+    _moe_train_stage(
+        4,
+        f"rlcore train {_moe_overrides(4)}, 5 GRPO steps (the demo task; Qwen3-30B-A3B's layer shape, 8 layers)",
+        480,
     ),
-    Stage(
-        name="sglang-train-moe-2gpu",
-        doc="the card's MoE command on 2 GPUs: EP=2, two SGLang replicas, 5 GRPO steps (the 8-layer shape)",
-        script="benchmarks/moe_demo_model.py",
-        seconds=420,
-        build=_train(
-            "train-moe-2gpu",
-            "sglang-moe-2gpu",
-            MOE_OVERRIDES.replace("actor.world_size=4", "actor.world_size=2")
-            .replace("expert_model_parallel_size=4", "expert_model_parallel_size=2")
-            .replace("rollout.num_engines=4", "rollout.num_engines=2"),
-            "train_moe_2gpu_sglang",
-            ("logs", "config.yaml", "error.log"),
-            steps=5,
-            first=MOE_FIRST,
-        ),
-        bundles=("sglang",),
-        gpus=2,
-        h200=True,
+    _moe_train_stage(
+        2,
+        "the card's MoE command on 2 GPUs: EP=2, two SGLang replicas, 5 GRPO steps (the 8-layer shape)",
+        420,
     ),
-    Stage(
-        name="sglang-train-moe-4gpu-rerun",
-        doc="sglang-train-moe-4gpu again, from a fresh model folder and run directory: its re-run",
-        script="benchmarks/moe_demo_model.py",
-        seconds=420,
-        build=_train(
-            "train-moe-4gpu-rerun",
-            "sglang-moe-4gpu-rerun",
-            MOE_OVERRIDES,
-            "train_moe_4gpu_sglang_rerun",
-            ("logs", "config.yaml", "error.log"),
-            steps=5,
-            first=MOE_FIRST,
-        ),
-        bundles=("sglang",),
-        gpus=4,
-        h200=True,
+    _moe_train_stage(
+        4,
+        "sglang-train-moe-4gpu again, from a fresh model folder and run directory: its re-run",
+        420,
+        rerun=True,
     ),
     _train_stage(
         "train-split",
