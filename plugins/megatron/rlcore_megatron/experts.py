@@ -11,10 +11,11 @@ experts need Transformer Engine or the ``grouped_gemm`` package.
 the distributed optimizer and checkpoints are unchanged, and stacks them into ``[E, out, in]`` copies.
 Inside :func:`stacked_once` (the engine's forward/backward over a step's micro-batches, during which the
 weights do not change) a layer stacks once and every micro-batch, and the activation checkpoint's recompute,
-reuses the copy: stacking per forward cost 58 ms of a 4-GPU Qwen3-30B-A3B step (docs/benchmarks.md). The
-stack's gradient goes straight into each expert's ``main_grad`` (megatron's fp32 accumulation buffer) with
-one multi-tensor add, as megatron-core's fused weight-gradient accumulation does, instead of an add per
-expert from DDP's hooks (84 ms of that step). The experts' own linear layers communicate nothing here
+reuses the copy (stacking per forward was 58 ms of a 65,536-token 4-GPU Qwen3-30B-A3B step, about 1% of
+the 262,144-token one: docs/benchmarks.md). The stack's gradient goes straight into the experts'
+``main_grad`` (megatron's fp32 accumulation buffer), as megatron-core's fused weight-gradient accumulation
+does, with one add through a strided view of the buffer instead of an add per expert from DDP's hooks (84
+ms of the smaller step). The experts' own linear layers communicate nothing here
 (megatron-core leaves an expert layer's tensor/expert-parallel exchange to its token dispatcher), so two
 local grouped matmuls compute what the linears would.
 """
@@ -83,7 +84,7 @@ class GroupedExperts(SequentialMLP):
             [expert.linear_fc2.weight for expert in self.local_experts],
         )
         cache = getattr(self, "_stacked_cache", None)
-        if cache is None or not cache:
+        if not cache:  # outside stacked_once (None), or its first forward (empty)
             with torch.no_grad():
                 stacked = tuple(torch.stack(ws) for ws in weights)
             if cache is not None:
@@ -117,8 +118,8 @@ class _Stacked(torch.autograd.Function):
 
     Where a weight has megatron's ``main_grad`` (the DDP-wrapped engine), the slices are added into the
     main grads with one add (:func:`_main_grads_as_one`) and flagged ``grad_added_to_main_grad``, so DDP's
-    hook adds nothing more; the gradient returned is then an unfilled stand-in (as megatron-core's fused accumulation returns)
-    that only lets the hook run. Otherwise each weight gets its slice."""
+    hook adds nothing more; the gradient returned is then an unfilled stand-in (as megatron-core's fused
+    accumulation returns) that only lets the hook run. Otherwise each weight gets its slice."""
 
     @staticmethod
     def forward(ctx, stacked, *weights):
