@@ -32,6 +32,7 @@ import argparse
 import json
 import os
 import random
+import signal
 import statistics
 import subprocess
 import sys
@@ -94,6 +95,20 @@ def write_inputs(out: Path, shape: str, steps: int) -> dict:
     return {"model": model, "tokenizer": tokenizer, "data": data, "reward": reward}
 
 
+#: The settings this benchmark has always named beside its workload (the trainer's precision, packing,
+#: the rollout's dtype, memory share and placement). ``--defaults`` leaves them out, so ``rlcore train``
+#: decides them itself, as a user's run does.
+SETTINGS = (
+    "model.dtype=float32",
+    "fsdp.mixed_precision=bfloat16",
+    "fsdp.use_remove_padding=true",
+    "fsdp.attn_implementation=varlen",
+    "rollout.dtype=bfloat16",
+    "rollout.gpu_memory_utilization=0.5",
+    "trainer.placement=colocated",
+)
+
+
 def rlcore_command(
     inputs: dict,
     steps: int,
@@ -103,9 +118,11 @@ def rlcore_command(
     *,
     prompts: int = PROMPTS,
     response_len: int = RESPONSE_LEN,
+    defaults: bool = False,
 ) -> list[str]:
     """``rlcore train`` on this workload into ``out/runs/name``; ``extra`` overrides come last (and win).
-    ``benchmarks/async_gpu.py`` runs the same workload at other sizes."""
+    ``defaults``: the workload alone, without :data:`SETTINGS`. ``benchmarks/async_gpu.py`` runs the same
+    workload at other sizes."""
     # The console script's own code: the GPU machine installs with --target, which leaves no script on PATH.
     launcher = [sys.executable, "-c", "import sys; from rlcore.cli.main import main; sys.exit(main())"]
     return [
@@ -117,11 +134,7 @@ def rlcore_command(
         "vllm",
         f"model.path={inputs['model']}",
         f"model.tokenizer_path={inputs['tokenizer']}",
-        "model.dtype=float32",
-        "fsdp.mixed_precision=bfloat16",
-        "fsdp.use_remove_padding=true",
-        "fsdp.attn_implementation=varlen",
-        "rollout.dtype=bfloat16",
+        *(() if defaults else SETTINGS),
         f"data.train_files=[{inputs['data']}]",
         "data.val_files=[]",
         "data.apply_chat_template=false",
@@ -130,14 +143,12 @@ def rlcore_command(
         f"rollout.n={N}",
         f"rollout.max_response_length={response_len}",
         "rollout.temperature=1.0",
-        "rollout.gpu_memory_utilization=0.5",
         "algorithm.name=grpo",
         "algorithm.use_kl_loss=true",
         "algorithm.kl_loss_coef=0.001",
         "actor.ppo_epochs=1",
         f"actor.ppo_mini_batch_size={prompts}",
         "actor.optim.lr=1e-6",
-        "trainer.placement=colocated",
         f"trainer.total_steps={steps}",
         "trainer.warmup_sft_steps=0",
         "trainer.val_before_train=false",
@@ -181,25 +192,80 @@ class PeakMemory:
         self._thread.join()
 
 
-def run_rlcore(inputs: dict, steps: int, out: Path, timeout: float, extra: list[str], name: str) -> dict:
-    command = rlcore_command(inputs, steps, out, extra, name)
+def _steps_done(metrics: Path) -> int:
+    if not metrics.is_file():
+        return 0
+    return sum('"timing/step"' in line for line in metrics.read_text().splitlines())
+
+
+def run_rlcore(
+    inputs: dict,
+    steps: int,
+    out: Path,
+    timeout: float,
+    extra: list[str],
+    name: str,
+    *,
+    defaults: bool = False,
+    stop_after: int = 0,
+) -> dict:
+    """The run, its wall time, the card's peak memory and its step records. ``stop_after``: end the run
+    (SIGINT, as Ctrl-C would) once that many steps are recorded, so a run of the default length is timed
+    on its first steps without running them all."""
+    command = rlcore_command(inputs, steps, out, extra, name, defaults=defaults)
     log = out / f"{name}_train.log"
+    metrics = out / "runs" / name / "metrics.jsonl"
     env = {**os.environ, "TOKENIZERS_PARALLELISM": "false"}
     started = time.perf_counter()
+    stopped = killed = None
     with PeakMemory() as memory, log.open("w") as sink:
-        proc = subprocess.run(command, stdout=sink, stderr=subprocess.STDOUT, env=env, timeout=timeout)
+        proc = subprocess.Popen(command, stdout=sink, stderr=subprocess.STDOUT, env=env)
+        try:
+            while proc.poll() is None:
+                now = time.perf_counter()
+                if now - started > timeout:
+                    raise subprocess.TimeoutExpired(command, timeout)
+                if stop_after and stopped is None and _steps_done(metrics) >= stop_after:
+                    proc.send_signal(signal.SIGINT)
+                    stopped = now
+                if stopped is not None and now - stopped > 90:  # it did not wind down by itself
+                    killed = True
+                    break
+                time.sleep(1.0)
+        finally:
+            if proc.poll() is None:
+                proc.kill()
+                proc.wait()
+    if killed:  # its Ray cluster may outlive it, and the next run would join that one
+        subprocess.run([sys.executable, "-m", "ray.scripts.scripts", "stop", "--force"], check=False)
     wall = time.perf_counter() - started
-    if proc.returncode != 0:
+    if proc.returncode != 0 and stopped is None:
         tail = log.read_text().splitlines()[-40:]
         raise SystemExit(f"rlcore train failed ({proc.returncode}):\n" + "\n".join(tail))
-    records = [json.loads(line) for line in (out / "runs" / name / "metrics.jsonl").open()]
+    records = [json.loads(line) for line in metrics.open()]
     steps_ = [r for r in records if "timing/step" in r]
     return {
         "command": " ".join(map(str, command)),
         "wall_s": wall,
         "peak_gpu_memory_gib": memory.peak_mib / 1024,
+        "stopped_after": len(steps_) if stopped is not None else None,
+        "killed_after_stop": bool(killed),
         "steps": steps_,
     }
+
+
+def hold_gpu_memory(gib: float) -> subprocess.Popen:
+    """Another process that holds ``gib`` GiB of the GPU until it is ended: a smaller card's free memory
+    on a large one (``--hold-gib``)."""
+    code = (
+        "import sys, time, torch; "
+        f"x = torch.empty({int(gib * 2**30)}, dtype=torch.uint8, device='cuda'); "
+        "print('held', flush=True); time.sleep(1e6)"
+    )
+    proc = subprocess.Popen([sys.executable, "-c", code], stdout=subprocess.PIPE, text=True)
+    if proc.stdout.readline().strip() != "held":
+        raise SystemExit(f"could not hold {gib} GiB of the GPU")
+    return proc
 
 
 def controller_seconds(step: dict) -> float:
@@ -340,6 +406,24 @@ def main() -> None:
         help="run name: results in NAME_SHAPE.json (a variant beside the default)",
     )
     parser.add_argument("--skip-raw", action="store_true")
+    parser.add_argument(
+        "--defaults",
+        action="store_true",
+        help="the workload alone: rlcore decides precision, packing, rollout dtype and placement itself",
+    )
+    parser.add_argument(
+        "--total-steps",
+        type=int,
+        help="trainer.total_steps of the run (default --steps); with --steps below it, the run is stopped "
+        "after --steps steps",
+    )
+    parser.add_argument(
+        "--hold-gib",
+        type=float,
+        default=0.0,
+        help="another process holds this much GPU memory during the run (a smaller card on a large one); "
+        "the peak reported is the run's, without it",
+    )
     parser.add_argument("--raw-generate", nargs=2, metavar=("MODEL", "RESULT"), help=argparse.SUPPRESS)
     parser.add_argument("overrides", nargs="*", help="more rlcore key=value overrides")
     args = parser.parse_args()
@@ -378,7 +462,25 @@ def main() -> None:
         save()
     if not args.skip_rlcore:
         extra = [*args.overrides, f"trainer.profile_step={args.profile_step}"]
-        run = run_rlcore(inputs, args.steps, args.out, args.timeout, extra, args.name)
+        total = args.total_steps or args.steps
+        holder = hold_gpu_memory(args.hold_gib) if args.hold_gib else None
+        try:
+            run = run_rlcore(
+                inputs,
+                total,
+                args.out,
+                args.timeout,
+                extra,
+                args.name,
+                defaults=args.defaults,
+                stop_after=args.steps if total > args.steps else 0,
+            )
+        finally:
+            if holder is not None:
+                holder.kill()
+                holder.wait()
+        run["held_gib"] = args.hold_gib
+        run["peak_gpu_memory_gib"] -= args.hold_gib
         gpus = gpus_used(args.out / "runs" / args.name)
         result["rlcore"] = {
             **{k: v for k, v in run.items() if k != "steps"},

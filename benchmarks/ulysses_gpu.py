@@ -107,6 +107,11 @@ def build_engine(path: str, platform, info: DistInfo, sp: int, max_tokens: int):
         attn_implementation="varlen",
         logits_chunk_size=4096,
         sequence_parallel_size=sp,
+        # The settings its rows were measured with (the engine's ``auto`` would decide these by memory).
+        compile=False,
+        recompute_logits=True,
+        reshard_after_forward=True,
+        reduce_grads_once_per_step=False,
     )
     return FSDPEngine(spec, config, platform, info)
 

@@ -8,6 +8,8 @@ and the results folders name them.
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 from ..actions import PY, Ctx, Parallel, Run, cmd, words
 from .base import Stage
 
@@ -146,6 +148,17 @@ def _seq2(size: str, model: str | None = None):
             )
         ),
     ]
+
+
+def _seq_then_rerun(size: str, model: str):
+    """seq-* then rerun-* one after another on one GPU (what ``_seq2`` runs side by side on two), the
+    compiled Megatron run and FSDP's tuned one each (the eager run left out)."""
+
+    def build(ctx: Ctx) -> list:
+        ctx = replace(ctx, env={**ctx.env, "EAGER": "0"})
+        return [save_model(model), *rows(ctx, f"seq-{size}", model), *rows(ctx, f"rerun-{size}", model)]
+
+    return build
 
 
 def _compile(size: str):
@@ -584,6 +597,13 @@ STAGES = [
         "the same with the Qwen3-1.7B shape (q/k norms; issue 36's megatron-qwen3-dense-tp1 row and its re-run)",
         340,
         _seq2("qwen3-1.7b", "qwen3-1.7b"),
+    ),
+    _stage(
+        "seq-qwen3-1.7b",
+        "seq2-qwen3-1.7b on one GPU: the row (Megatron compiled, profiled; FSDP tuned, profiled), then its re-run",
+        460,
+        _seq_then_rerun("qwen3-1.7b", "qwen3-1.7b"),
+        gpus=1,
     ),
     _stage(
         "tp2", "Megatron TP=2, DP=2 and PP=2 over both GPUs (0.5B), each profiling one more step", 110, _tp2

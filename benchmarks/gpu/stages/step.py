@@ -107,6 +107,42 @@ def _step_named(ctx: Ctx) -> list:
     ]
 
 
+#: The best tuned settings found (round 4/5's fast path): what ``--defaults`` runs are compared against.
+TUNED = (
+    "fsdp.compile=true",
+    "fsdp.reshard_after_forward=false",
+    "fsdp.reduce_grads_once_per_step=true",
+    "fsdp.logits_chunk_size=4096",
+    "fsdp.recompute_logits=false",
+    "actor.max_tokens_per_micro_batch=16384",
+    "rollout.gpu_memory_utilization=0.3",
+)
+#: An H200 with this much held by another process leaves an H100's 79.6 GiB (torch's count of both).
+HOLD_FOR_80GB = "60.2"
+
+
+def _defaults_vs_tuned(ctx: Ctx) -> list:
+    """Issue 35's ``grpo-step-defaults-vs-tuned-1gpu``: ``rlcore train`` at its defaults (the workload alone,
+    a run of the default 30 steps timed on its first STEPS) against the tuned fast path, then both again
+    (the re-run), then the defaults on an 80 GB card's memory (HOLD_FOR_80GB GiB held by another process;
+    vLLM's share scaled so it takes what 0.5 of an 80 GB card is)."""
+    s, steps = _shape(ctx), ctx.knob("STEPS", "4")
+    out = f"{ctx.res}/grpo_step"
+    base = cmd(PY, STEP, "--shape", s, "--skip-raw", "--steps", steps, "--total-steps", "30", "--out", out)
+    runs = (
+        ("defaults", ("--defaults",)),
+        ("tuned", (*TUNED,)),
+        ("defaults-rerun", ("--defaults",)),
+        ("tuned-rerun", (*TUNED,)),
+        ("defaults-80gb", ("--defaults", "--hold-gib", HOLD_FOR_80GB, "rollout.gpu_memory_utilization=0.28")),
+    )
+    actions: list = []
+    for name, extra in runs:
+        argv = base + ("--timeout", "400", "--name", name, *extra, *_overrides(ctx))
+        actions += [FreeGpu(), Run(f"grpo-{name}-{s}", 420, argv)]
+    return actions
+
+
 def _step_again(ctx: Ctx) -> list:
     s = _shape(ctx)
     base = (PY, STEP, "--shape", s, "--steps", "4")
@@ -317,6 +353,13 @@ STAGES = [
         _step_named,
     ),
     _stage("step-again", "the rlcore run again (its reproduction), and VARIANT beside it", 300, _step_again),
+    _stage(
+        "step-defaults-vs-tuned",
+        "rlcore train at its defaults (the workload alone) against the tuned fast path, both again, then the "
+        "defaults within an 80 GB card's memory (issue 35's grpo-step-defaults-vs-tuned-1gpu)",
+        1100,
+        _defaults_vs_tuned,
+    ),
     _stage("step-inputs", "the model folder and prompt file alone (what verl reads)", 60, _inputs),
     _stage("step-compare", "rlcore's and verl's steps into one JSON and table", 30, _compare),
     _stage(

@@ -110,6 +110,13 @@ class DevicePlatform(abc.ABC):
             return "vllm", "vLLM is installed"
         return "hf", "vLLM is not installed"
 
+    def fast_training(self) -> tuple[bool, str]:
+        """Whether the ``auto`` settings of train engines and of ``rollout.dtype`` take their throughput
+        path on this device (layers computing in bf16 over fp32 weights, compiled layers, packed var-len
+        attention, logits kept between forward and backward where memory allows), and why, in a few words
+        for the run's log. Default: yes, what an accelerator's matrix units and kernels are built for."""
+        return True, "an accelerator, where bf16 compute, compiled layers and var-len attention pay off"
+
     def attention_implementation(self) -> str:
         """The Hugging Face ``attn_implementation`` that works on this device, used where a config leaves
         the choice open. Default ``"sdpa"``: PyTorch's own kernel, which every torch device has."""

@@ -125,6 +125,17 @@ class TrainEngine(abc.ABC):
         self.spec, self.config, self.platform, self.dist = spec, config, platform, dist
 
     @classmethod
+    def choose_settings(
+        cls, spec: EngineSpec, config: Any, platform: Any, world_size: int
+    ) -> tuple[Any, list[str]]:
+        """``config`` with the engine's ``auto`` values decided for this device and model, and one line per
+        decision saying what and why (the worker prints them to its log; the driver prints rank 0's to the
+        run's). Called by the train worker before :meth:`activation_dtype` and the engine's construction,
+        with the ``platform`` its ranks run on and the role's ``world_size``; ``spec`` may still carry
+        ``max_tokens_per_micro_batch: "auto"``. A value the user set is kept. Default: nothing to decide."""
+        return config, []
+
+    @classmethod
     def activation_dtype(cls, spec: EngineSpec, config: Any) -> str:
         """The dtype the forward computes and keeps activations in, before the engine is built: mixed
         precision computes in another than the parameters' ``spec.dtype``. The automatic micro-batch

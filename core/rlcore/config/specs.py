@@ -87,8 +87,10 @@ def micro_batch_tokens(section: Any, role: str) -> int | str | None:
 
 
 def rollout_dtype_name(config: Any) -> str:
-    """The rollout engine's parameter dtype: ``rollout.dtype``, else ``model.dtype``."""
-    return config.rollout.dtype or config.model.dtype
+    """The rollout engine's parameter dtype: ``rollout.dtype``, else (null, or ``auto`` in a config that
+    :func:`rlcore.config.auto.resolve_auto` has not seen) ``model.dtype``."""
+    dtype = config.rollout.dtype
+    return config.model.dtype if dtype in (None, "auto") else dtype
 
 
 def rollout_spec(config: Any) -> RolloutSpec:

@@ -55,6 +55,10 @@ class FakeDevicePlatform(DevicePlatform):
     def empty_cache(self) -> None:
         self.calls["empty_cache"] += 1
 
+    def fast_training(self):
+        # Its tensors live on the CPU: the CPU's plain settings, not an accelerator's compile and var-len path.
+        return False, "the test platform computes on the CPU"
+
     def synchronize(self) -> None:
         self.calls["synchronize"] += 1
 

@@ -1,4 +1,5 @@
-"""``rollout.engine: auto`` and ``trainer.placement: auto``: what they become and the reason given."""
+"""``rollout.engine``, ``trainer.placement`` and ``rollout.dtype`` ``auto``: what they become and the reason
+given."""
 
 from __future__ import annotations
 
@@ -48,7 +49,27 @@ def test_auto_placement_colocates_where_hybrid_does_not_apply(overrides, reason)
 def test_named_values_are_kept_and_said_to_be_as_set():
     config, notes = _load("rollout.engine=hf", "trainer.placement=colocated")
     assert (config.rollout.engine, config.trainer.placement) == ("hf", "colocated")
-    assert notes == ["rollout.engine hf (as set)", "trainer.placement colocated (as set)"]
+    assert notes[:2] == ["rollout.engine hf (as set)", "trainer.placement colocated (as set)"]
+    config, notes = _load("rollout.dtype=bfloat16")
+    assert config.rollout.dtype == "bfloat16" and len(notes) == 2  # no line for a value the user set
+
+
+def test_rollout_dtype_auto_is_the_model_dtype_on_cpus():
+    config, notes = _load()
+    assert config.rollout.dtype == "float32"
+    assert notes[2].startswith("rollout.dtype auto -> float32 (model.dtype float32): on CPUs")
+    config, notes = _load("model.dtype=bfloat16")
+    assert config.rollout.dtype == "bfloat16"
+    assert notes[2] == "rollout.dtype auto -> bfloat16 (model.dtype)"
+
+
+def test_rollout_dtype_auto_is_bf16_where_the_platform_takes_the_fast_path(monkeypatch):
+    from rlcore.testing.fake_device import FakeDevicePlatform
+
+    monkeypatch.setattr(FakeDevicePlatform, "fast_training", lambda self: (True, "a test accelerator"))
+    config, notes = _load("trainer.device=fake")
+    assert config.rollout.dtype == "bfloat16"
+    assert notes[2] == "rollout.dtype auto -> bfloat16 (model.dtype float32): a test accelerator"
 
 
 def test_joining_a_cluster_does_not_guess_its_devices_from_this_machine(monkeypatch):

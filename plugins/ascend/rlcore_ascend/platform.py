@@ -87,6 +87,11 @@ class AscendPlatform(DevicePlatform):
         # asks vLLM's platform (vllm-ascend's) too. SGLang's torch_memory_saver has no NPU build.
         return engine == "vllm"
 
+    def fast_training(self) -> tuple[bool, str]:
+        # torch.compile of whole decoder layers and PyTorch's flash var-len kernel are CUDA/ROCm paths that
+        # have not run on an NPU here; the engines' plain settings are the ones known to work there.
+        return False, "the compiled, var-len throughput path has not been run on Ascend NPUs"
+
     # ipc_handles_supported: the default False: torch's device-tensor IPC reductions are CUDA's, so on
     # NPUs weights travel as bytes (hccl/broadcast, ray or inprocess transports).
     # attention_implementation: the default "sdpa", which torch_npu implements with its fused attention.

@@ -43,7 +43,7 @@ from torch.distributed.fsdp import FSDPModule
 from torch.distributed.tensor import DTensor
 
 from rlcore_fsdp import attention as varlen_attention
-from rlcore_fsdp import lora
+from rlcore_fsdp import defaults, lora
 from rlcore_fsdp.checkpoint import (
     METADATA_FILE,
     load_sharded,
@@ -98,9 +98,17 @@ class FSDPEngine(TrainEngine):
 
     @classmethod
     def activation_dtype(cls, spec: EngineSpec, config: FSDPConfig | None) -> str:
-        """``fsdp.mixed_precision`` when set (layers compute in it), else the parameters' dtype."""
+        """``fsdp.mixed_precision`` when set (layers compute in it), else the parameters' dtype (also while
+        it is still ``auto``: the larger count)."""
         mixed = getattr(config, "mixed_precision", None)
-        return mixed or spec.dtype
+        return spec.dtype if mixed in (None, defaults.AUTO) else mixed
+
+    @classmethod
+    def choose_settings(
+        cls, spec: EngineSpec, config: FSDPConfig | None, platform: Any, world_size: int
+    ) -> tuple[FSDPConfig, list[str]]:
+        """The ``auto`` fields of ``fsdp:`` decided for this device and model (:mod:`rlcore_fsdp.defaults`)."""
+        return defaults.choose(spec, config or FSDPConfig(), platform, world_size)
 
     def __init__(
         self,
@@ -114,6 +122,8 @@ class FSDPEngine(TrainEngine):
 
             platform = get_platform("auto")
         super().__init__(spec, config or FSDPConfig(), platform, dist or DistInfo())
+        # Built without a worker (which decides them first and logs why): the same decisions, quietly.
+        self.config, _ = defaults.choose(self.spec, self.config, self.platform, self.dist.world_size)
         spec, config = self.spec, self.config
         if spec.head not in HEAD_OUTPUTS:
             raise ValueError(f"EngineSpec.head must be one of {sorted(HEAD_OUTPUTS)}, got {spec.head!r}")

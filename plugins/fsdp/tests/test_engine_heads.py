@@ -139,7 +139,7 @@ def test_refusals_name_the_setting(tiny_model_path, tmp_path):
         make(tmp_path)
     with pytest.raises(ValueError, match="attn_implementation is 'flex_attention'"):
         make(tiny_model_path, FSDPConfig(use_remove_padding=True, attn_implementation="flex_attention"))
-    with pytest.raises(ValueError, match="fsdp.mixed_precision must be 'bfloat16' or null"):
+    with pytest.raises(ValueError, match="fsdp.mixed_precision must be 'bfloat16', null or 'auto'"):
         FSDPConfig(mixed_precision="float16")
 
 
