@@ -129,18 +129,36 @@ def _defaults_vs_tuned(ctx: Ctx) -> list:
     s, steps = _shape(ctx), ctx.knob("STEPS", "4")
     out = f"{ctx.res}/grpo_step"
     base = cmd(PY, STEP, "--shape", s, "--skip-raw", "--steps", steps, "--total-steps", "30", "--out", out)
-    runs = (
-        ("defaults", ("--defaults",)),
-        ("tuned", (*TUNED,)),
-        ("defaults-rerun", ("--defaults",)),
-        ("tuned-rerun", (*TUNED,)),
-        ("defaults-80gb", ("--defaults", "--hold-gib", HOLD_FOR_80GB, "rollout.gpu_memory_utilization=0.28")),
-    )
+    kinds = {
+        "defaults": ("--defaults",),
+        "tuned": TUNED,
+        "defaults-80gb": ("--defaults", "--hold-gib", HOLD_FOR_80GB, "rollout.gpu_memory_utilization=0.28"),
+    }
+    # RUNS: names to run in order, each named after its kind (defaults-run3, tuned-run3, ...).
+    names = ctx.knob("RUNS", "defaults tuned defaults-rerun tuned-rerun defaults-80gb").split()
     actions: list = []
-    for name, extra in runs:
-        argv = base + ("--timeout", "400", "--name", name, *extra, *_overrides(ctx))
-        actions += [FreeGpu(), Run(f"grpo-{name}-{s}", 420, argv)]
+    for name in names:
+        kind = "defaults-80gb" if name.startswith("defaults-80gb") else name.split("-")[0]
+        argv = base + ("--timeout", "400", "--name", name, *kinds[kind], *_overrides(ctx))
+        actions += [
+            FreeGpu(),
+            Run(f"grpo-{name}-{s}", 420, argv),
+            Do(f"copy the run's driver and actor-0 logs into logs-{name}/", _run_logs(out, name)),
+        ]
     return actions
+
+
+def _run_logs(out: str, name: str):
+    """The run's driver.log (what each ``auto`` became) and its first actor rank's log, flat in the results."""
+
+    def copy(ctx: Ctx) -> None:
+        logs = Path(ctx.res, f"logs-{name}")
+        logs.mkdir(parents=True, exist_ok=True)
+        for f in Path(out, "runs", name, "logs").glob("*.log"):
+            if f.name in ("driver.log", "actor-0.log", "reference-0.log"):
+                (logs / f.name).write_bytes(f.read_bytes()[-200_000:])
+
+    return copy
 
 
 def _step_again(ctx: Ctx) -> list:
