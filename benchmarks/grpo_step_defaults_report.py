@@ -97,8 +97,8 @@ def main() -> None:
     for phase in PHASES:
         values = [r["rlcore"]["phases_s"].get(phase, 0.0) for r in runs]
         ax.bar(names, values, bottom=bottom, label=phase)
-        bottom = [b + v for b, v in zip(bottom, values)]
-    rest = [r["rlcore"]["step_s"] - b for r, b in zip(runs, bottom)]
+        bottom = [b + v for b, v in zip(bottom, values, strict=True)]
+    rest = [r["rlcore"]["step_s"] - b for r, b in zip(runs, bottom, strict=True)]
     ax.bar(names, rest, bottom=bottom, label="other (release/resume, controller)", color="lightgrey")
     ax.set_ylabel("seconds per step (median of steps 2-4)")
     ax.set_title("GRPO step, 0.5B shape, one H200: rlcore's defaults vs the tuned fast path")
