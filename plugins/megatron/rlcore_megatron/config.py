@@ -75,6 +75,13 @@ class MegatronConfig:
     #: of megatron-core's one matmul per expert: the same parameters and numbers, about 30x the expert
     #: throughput at Qwen3-30B-A3B's shape on an H200 (``rlcore_megatron/experts.py``).
     moe_grouped_gemm: bool = True
+    #: Compute the dense SwiGLU MLP's gate and up projections as two GEMMs on the two row halves of
+    #: megatron-core's fused ``linear_fc1`` weight (the same parameter: checkpoints and the HF conversion are
+    #: unchanged) instead of one GEMM into ``[tokens, 2F/tp]``, so the activation's backward writes the
+    #: gate and up gradients apart rather than as one concatenated ``[tokens, 2F/tp]`` tensor, which cost
+    #: twice the SwiGLU backward's time on a Qwen3-1.7B step on an H200 (``rlcore_megatron/mlp.py``).
+    #: ``transformer_impl: local`` only; mixture-of-experts layers are unaffected. false: megatron-core's MLP.
+    split_gate_up: bool = True
     #: Shard the optimizer state (and fp32 master weights) over data-parallel ranks (ZeRO-1).
     use_distributed_optimizer: bool = True
     #: Split activations along the sequence inside tensor-parallel regions (norms, residuals and dropout

@@ -223,6 +223,11 @@ def build_stage_model(
         rope_scaling=shape.rope_scaling_factor is not None,
         rope_scaling_factor=shape.rope_scaling_factor or 8.0,
     )
+    if cfg.split_gate_up and cfg.transformer_impl == "local":
+        # Dense SwiGLU MLPs: gate and up as two GEMMs on linear_fc1's halves (rlcore_megatron/mlp.py).
+        from rlcore_megatron.mlp import use_split_gate_up
+
+        use_split_gate_up(model)
     if shape.experts is not None and cfg.moe_grouped_gemm:
         from rlcore_megatron.experts import use_grouped_experts
 

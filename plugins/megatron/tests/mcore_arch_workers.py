@@ -38,6 +38,9 @@ def _run(engine, batch, r, key, rows=None):
     r[f"{key}_expert_modules"] = sorted(
         {type(m).__name__ for n, m in engine.module.named_modules() if n.endswith("mlp.experts")}
     )
+    r[f"{key}_mlp_modules"] = sorted(
+        {type(m).__name__ for n, m in engine.module.named_modules() if n.endswith(".mlp")}
+    )
     r[f"{key}_export0"] = _export(engine)
     r[f"{key}_infer"] = _infer(engine, part, ("log_probs", "entropy"))
     r[f"{key}_metrics"] = engine.train_step(part, nll_loss)
@@ -51,6 +54,8 @@ def arch1(rank, world, port, paths, batch, work_dir):
     r = {}
     for arch, path in paths.items():
         _run(_engine_for(path, rank, world, port), batch, r, arch)
+    # megatron-core's own dense MLP (one GEMM into [gate | up]), which megatron.split_gate_up replaces.
+    _run(_engine_for(paths["qwen3"], rank, world, port, split_gate_up=False), batch, r, "qwen3_fused")
     # The load-balancing loss, on packed rows (no padding tokens routed) in one micro-batch, so a plain
     # float64 reference can count the same tokens; with megatron-core's per-expert loop, which every
     # other scenario replaces by grouped GEMMs (megatron.moe_grouped_gemm, the default).

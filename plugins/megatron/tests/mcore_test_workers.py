@@ -41,6 +41,7 @@ def _engine(
     ep=1,
     moe_aux_loss_coeff=None,
     moe_grouped_gemm=True,
+    split_gate_up=True,
     **spec,
 ):
     from rlcore.api import DistInfo, EngineSpec
@@ -63,6 +64,7 @@ def _engine(
         expert_model_parallel_size=ep,
         moe_aux_loss_coeff=moe_aux_loss_coeff,
         moe_grouped_gemm=moe_grouped_gemm,
+        split_gate_up=split_gate_up,
     )
     return MegatronEngine(
         EngineSpec(model_path=str(path), **{**defaults, **spec}),

@@ -204,6 +204,24 @@ def test_experts_run_as_grouped_gemms_by_default_and_the_loop_when_asked(world1,
     assert world1["qwen3_expert_modules"] == []
 
 
+def test_dense_mlp_splits_gate_up_by_default_and_is_megatron_cores_when_asked(
+    world1, world2, reference, batch
+):
+    """``megatron.split_gate_up`` (default): the dense Qwen3 layers' MLPs are ``SplitGateUpMLP`` at TP=1 and
+    TP=2 (and matched float64 HF above); MoE layers keep megatron-core's ``MoELayer``. With it off they
+    are megatron-core's ``MLP``, which matches float64 HF too."""
+    assert world1["qwen3_mlp_modules"] == ["SplitGateUpMLP"]
+    assert all(r["tp2_qwen3_mlp_modules"] == ["SplitGateUpMLP"] for r in world2)
+    for key in ("qwen3_moe", "mixtral"):
+        assert world1[f"{key}_mlp_modules"] == ["MoELayer"]
+    assert world1["qwen3_fused_mlp_modules"] == ["MLP"]
+    _check_outputs(world1["qwen3_fused_infer"], reference["qwen3"], batch)
+    ref, metrics = reference["qwen3"], world1["qwen3_fused_metrics"]
+    assert metrics["loss"] == pytest.approx(ref["loss"], abs=ATOL)
+    assert metrics["grad_norm"] == pytest.approx(ref["grad_norm"], rel=1e-4)
+    _check_weights(world1["qwen3_fused_export1"], ref["after"], atol=ATOL)
+
+
 def _expert_load(model, batch):
     """Float64 reference of the step's routing: per layer, tokens per expert over the real tokens."""
     out = model(
