@@ -138,6 +138,7 @@ def worker(rank: int, world: int, port: int, args, path: str, out: str) -> None:
             overlap_grad_reduce=args.overlap_grad_reduce,
             compile=args.compile,
             moe_grouped_gemm=not args.no_moe_grouped_gemm,
+            split_gate_up=not args.fused_gate_up,
             recompute_logits=not args.no_recompute_logits,
         )
         info = DistInfo(rank=rank, world_size=world, local_rank=rank, master_port=port)
@@ -272,6 +273,11 @@ def parse_args(argv=None):
         "--no-moe-grouped-gemm",
         action="store_true",
         help="mixture-of-experts shapes: megatron-core's per-expert loop instead of grouped GEMMs",
+    )
+    p.add_argument(
+        "--fused-gate-up",
+        action="store_true",
+        help="megatron-core's dense MLP (one GEMM into [gate | up]) instead of megatron.split_gate_up",
     )
     p.add_argument(
         "--no-recompute-logits",

@@ -156,7 +156,17 @@ def _seq_then_rerun(size: str, model: str):
 
     def build(ctx: Ctx) -> list:
         ctx = replace(ctx, env={**ctx.env, "EAGER": "0"})
-        return [save_model(model), *rows(ctx, f"seq-{size}", model), *rows(ctx, f"rerun-{size}", model)]
+        w = workload(model)
+        # megatron-core's fused [gate | up] MLP beside it once: what megatron.split_gate_up changed.
+        fused = megatron(
+            ctx, f"seq-{size}-megatron-fused", 400, 1, "tp1", model, TP1, w, "--compile", "--fused-gate-up"
+        )
+        return [
+            save_model(model),
+            *rows(ctx, f"seq-{size}", model),
+            fused,
+            *rows(ctx, f"rerun-{size}", model),
+        ]
 
     return build
 
@@ -600,8 +610,9 @@ STAGES = [
     ),
     _stage(
         "seq-qwen3-1.7b",
-        "seq2-qwen3-1.7b on one GPU: the row (Megatron compiled, profiled; FSDP tuned, profiled), then its re-run",
-        460,
+        "seq2-qwen3-1.7b on one GPU: the row (Megatron compiled, profiled; FSDP tuned, profiled), Megatron with "
+        "megatron-core's fused gate/up MLP, then the row's re-run",
+        560,
         _seq_then_rerun("qwen3-1.7b", "qwen3-1.7b"),
         gpus=1,
     ),
