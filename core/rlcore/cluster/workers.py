@@ -136,6 +136,10 @@ class _ProcessRollout:
 _LOCAL_ROLLOUT = _ProcessRollout()
 
 
+#: Whether this process's workers may be told to die on cue (``RLCORE_TEST_DIE``, rlcore.testing.faults).
+_DIE_ON_CUE = bool(os.environ.get("RLCORE_TEST_DIE"))
+
+
 class Worker:
     """What every worker has: identity, :meth:`call`, :meth:`ping`, per-method timings.
 
@@ -166,6 +170,10 @@ class Worker:
         Any exception becomes a :class:`WorkerError` naming role, rank and ``method``."""
         if method.startswith("_") or not callable(getattr(self, method, None)):
             raise WorkerError(self.role, self.rank, method, f"{type(self).__name__} has no method {method!r}")
+        if _DIE_ON_CUE:  # the tests of a worker's death (rlcore.testing.faults)
+            from rlcore.testing.faults import maybe_die
+
+            maybe_die(self.role, self.rank, method)
         args = tuple(from_wire(a) for a in args)
         kwargs = {k: from_wire(v) for k, v in kwargs.items()}
         start = time.perf_counter()

@@ -396,6 +396,13 @@ class TrainerConfig:
     save_freq: int = 0
     #: ``auto`` resumes from the latest checkpoint in the run directory, ``disable`` starts fresh, or a path.
     resume: str = "auto"
+    #: When a worker process dies (a killed train rank or rollout replica, the OOM killer, a lost node), stop
+    #: every worker and start them again from this run's last checkpoint (from the start when it has none),
+    #: at most this many times a run; each restart is a line in the driver's log and ``faults/restarts`` in
+    #: the metrics. 1: one restart rides out a transient loss, while a failure that comes back (a model
+    #: that does not fit, a bad node) stops the run with its report instead of repeating it. A worker
+    #: method that raises (a bug, bad input) never restarts. 0: stop at the first death.
+    max_restarts: int = attrs.field(default=1, validator=_non_negative)
     #: Validate every N steps (0: only before and after training).
     val_freq: int = 10
     #: Validate before the first step.

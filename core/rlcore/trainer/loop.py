@@ -61,6 +61,10 @@ class Trainer:
         self.step = 0
         self.history: list[dict[str, Any]] = []
         self.resumed_from: Path | None = None
+        #: the last checkpoint this trainer wrote (a restart after a worker's death resumes from it)
+        self.last_saved: Path | None = None
+        #: times the run restarted its workers after one died (set by ``run_training``; in the metrics)
+        self.restarts = 0
         self.sinks: list[MetricsLogger] = []
         self._closers: list[Any] = []
         try:
@@ -345,6 +349,8 @@ class Trainer:
             )
         )
         metrics["train/epoch"] = float(self.train_loader.epoch)
+        if self.restarts:
+            metrics["faults/restarts"] = self.restarts
         if self.val_loader is not None and (
             (cfg.val_freq > 0 and self.step % cfg.val_freq == 0) or self.step == cfg.total_steps
         ):
@@ -457,6 +463,7 @@ class Trainer:
         saves = {name: role.save_checkpoint for name, role in self.roles.items() if name in TRAINED_ROLES}
         path = ckpt.save_checkpoint(self.run_dir, self.step, saves, self._state(), self.config_yaml)
         logger.info("saved checkpoint %s", path)
+        self.last_saved = path
         return path
 
     def _load(self, path: Path) -> None:

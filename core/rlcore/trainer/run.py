@@ -149,6 +149,7 @@ def _run(
 ) -> RunResult:
     from rich.console import Console
 
+    from rlcore.cluster.failures import WorkerFailure
     from rlcore.telemetry.terminal import LOGS_DIR, run_output
     from rlcore.trainer import checkpoint as ckpt
     from rlcore.trainer.loop import Trainer
@@ -169,10 +170,21 @@ def _run(
         console.print(f"[bold]rlcore[/bold] {config.algorithm.name} run in {result.run_dir}", highlight=False)
         if terminal is not None:
             console.print(f"engine and library logs: {result.run_dir / LOGS_DIR}", highlight=False)
-        trainer = Trainer(config, result.run_dir, console=console, config_yaml=text)
-        if trainer.resumed_from is not None:
-            console.print(f"resumed from {trainer.resumed_from} at step {trainer.step}", highlight=False)
-        trainer.fit()
+        restarts = 0
+        while True:
+            trainer = Trainer(config, result.run_dir, console=console, config_yaml=text)
+            trainer.restarts = restarts
+            if trainer.resumed_from is not None:
+                console.print(f"resumed from {trainer.resumed_from} at step {trainer.step}", highlight=False)
+            try:
+                trainer.fit()
+                break
+            except WorkerFailure as exc:
+                if restarts >= config.trainer.max_restarts:
+                    raise
+                restarts += 1
+                config = _restart(config, trainer, exc, restarts, console)
+                trainer = None
         result.ok = True
     except (Exception, KeyboardInterrupt) as exc:
         failure = exc
@@ -205,6 +217,26 @@ def _run(
         )
     _summary(result, config, time.perf_counter() - began, console)
     return result
+
+
+def _restart(config: Any, trainer: Any, exc: Any, restarts: int, console: Any) -> Any:
+    """After ``exc`` (a worker process died): stop every worker of ``trainer`` and return the config the
+    next attempt runs with, resuming from the last checkpoint this run wrote or resumed from (a fresh start
+    when it has none; never another run's checkpoint left in the directory). Says so on the console and in
+    the driver's log."""
+    at = trainer.step  # the step in progress (counted from its start), as the failure report says
+    checkpoint = trainer.last_saved or trainer.resumed_from
+    trainer.close()
+    resume = str(checkpoint) if checkpoint is not None else "disable"
+    line = (
+        f"restart {restarts}/{config.trainer.max_restarts}: {exc.role} rank {exc.rank} died in {exc.phase} "
+        f"at step {at}; every worker starts again from "
+        + (f"checkpoint {checkpoint.name}" if checkpoint is not None else "the start (no checkpoint yet)")
+        + " (trainer.max_restarts)"
+    )
+    print(f"rlcore: {line}", file=sys.stderr, flush=True)
+    console.print(f"[bold yellow]{line}[/bold yellow]", highlight=False, markup=True, soft_wrap=True)
+    return attrs.evolve(config, trainer=attrs.evolve(config.trainer, resume=resume))
 
 
 def _ray_started_by_us(config: Any):

@@ -180,3 +180,62 @@ def test_builtin_task_files_are_written_into_the_run(tmp_path, tiny_model_path):
     assert config.sft.files == [str(data / "sft.jsonl")]
     assert all((data / f"{split}.jsonl").is_file() for split in ("train", "val", "sft"))
     assert str(data / "train.jsonl") in (run_dir / "config.yaml").read_text()
+
+
+class _DyingTrainer:
+    """Stands in for the Trainer: its ``fit`` raises ``errors`` in turn (one per attempt), then finishes;
+    every attempt is recorded with the resume setting it was built with."""
+
+    attempts: list[dict] = []
+    errors: list[BaseException] = []
+
+    def __init__(self, config, run_dir, *, console=None, config_yaml=""):
+        self.config, self.step, self.history, self.resumed_from = config, 0, [], None
+        self.last_saved = Path(run_dir) / "checkpoints" / f"step_{len(self.attempts) + 1}"
+        self.restarts = 0
+        self.attempts.append({"resume": config.trainer.resume})
+
+    def fit(self):
+        self.attempts[-1]["restarts"] = self.restarts
+        self.step = 2
+        if len(self.attempts) <= len(self.errors):
+            raise self.errors[len(self.attempts) - 1]
+        self.history = [{"step": 3}]
+
+    def close(self):
+        self.attempts[-1]["closed"] = True
+
+
+@pytest.mark.parametrize(
+    ("max_restarts", "errors", "ok", "attempts"),
+    [
+        (1, ["died"], True, 2),  # one death, one restart, from the checkpoint the attempt wrote
+        (1, ["died", "died"], False, 2),  # it comes back: the run stops with the report
+        (0, ["died"], False, 1),  # no restarts asked for
+        (3, ["raised"], False, 1),  # a method that raised never restarts
+    ],
+)
+def test_a_dead_worker_restarts_the_run_up_to_max_restarts(
+    tmp_path, tiny_model_path, monkeypatch, capsys, max_restarts, errors, ok, attempts
+):
+    import rlcore.trainer.loop
+    from rlcore.cluster.failures import WorkerError, WorkerFailure
+
+    make = {
+        "died": lambda: WorkerFailure("actor", 1, "train_step", "SIGKILL"),
+        "raised": lambda: WorkerError("actor", 1, "train_step", "ValueError: bad batch"),
+    }
+    monkeypatch.setattr(_DyingTrainer, "attempts", [])
+    monkeypatch.setattr(_DyingTrainer, "errors", [make[e]() for e in errors])
+    monkeypatch.setattr(rlcore.trainer.loop, "Trainer", _DyingTrainer)
+    result, out = run(tmp_path, tiny_model_path, trainer__max_restarts=max_restarts)
+    assert result.ok is ok
+    runs = _DyingTrainer.attempts
+    assert len(runs) == attempts and all(r["closed"] for r in runs)
+    assert [r["restarts"] for r in runs] == list(range(attempts))
+    if attempts > 1:  # resumed from the checkpoint the first attempt wrote, whatever trainer.resume said
+        assert runs[1]["resume"].endswith("checkpoints/step_1")
+        line = "restart 1/1: actor rank 1 died in train_step at step 2; every worker starts again from checkpoint step_1"
+        assert line in out and f"rlcore: {line}" in capsys.readouterr().err
+    else:
+        assert "restart 1/" not in out and "rlcore: restart" not in capsys.readouterr().err

@@ -1,0 +1,39 @@
+"""A worker process that dies on cue, for the tests of what the run does when one does.
+
+``RLCORE_TEST_DIE="role:rank:method:nth:marker[,...]"`` in the environment of the run (the driver's, which
+Ray's workers of a local cluster inherit): the worker of ``role`` and ``rank`` ends its own process
+(``os._exit``, as a kill or the OOM killer would end it, nothing cleaned up) when ``method`` is called the
+``nth`` time in that process, unless the file ``marker`` exists; it creates the file first, so the
+restarted workers of the same run do not die of the same cue again. Several cues, comma-separated.
+"""
+
+from __future__ import annotations
+
+import os
+from collections import Counter
+from pathlib import Path
+
+DIE_ENV = "RLCORE_TEST_DIE"
+
+_calls: Counter[tuple[str, int, str]] = Counter()
+
+
+def maybe_die(role: str, rank: int, method: str) -> None:
+    """End this process if :data:`DIE_ENV` names this call (see the module doc); else nothing."""
+    spec = os.environ.get(DIE_ENV)
+    if not spec:
+        return
+    _calls[(role, rank, method)] += 1
+    for cue in spec.split(","):
+        want_role, want_rank, want_method, nth, marker = cue.split(":", 4)
+        if (role, str(rank), method, _calls[(role, rank, method)]) != (
+            want_role,
+            want_rank,
+            want_method,
+            int(nth),
+        ):
+            continue
+        if Path(marker).exists():
+            continue
+        Path(marker).write_text(f"{role} rank {rank} died in {method} call {nth} (pid {os.getpid()})\n")
+        os._exit(137)
