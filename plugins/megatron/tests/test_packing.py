@@ -214,7 +214,7 @@ def test_packed_two_ranks_equal_hf(two, qwen, hf_step, layout, holder):
 
 
 # -- compiled layers (megatron.compile) -------------------------------------------------------------
-# TP=1 only: each layout compiles every layer four times from a cold cache (about 150 s on 2 cores), and
+# TP=1 only: each layout compiles every layer three times from a cold cache (about 110 s on 2 cores), and
 # the suite keeps under 45 minutes. TP=2 compiled runs in the GPU rows (megatron-tp2-*).
 @pytest.fixture(scope="module", params=[1], ids=["tp1"])
 def compiled(request, tiny_qwen, tmp_path_factory):
