@@ -168,10 +168,13 @@ def choose(
     take("recompute_logits", not keep)
     if keep and spec.trainable:
         used += estimate.kept_logits
-    once = (config.reshard_after_forward is False and config.reduce_grads_once_per_step is not False) or (
-        AUTO in (config.reshard_after_forward, config.reduce_grads_once_per_step)
-        and used + estimate.gathered <= estimate.limit
-    )
+    reshard, reduce_once = config.reshard_after_forward, config.reduce_grads_once_per_step
+    if reshard is True or reduce_once is False:  # the user chose the memory-lean side: the pair stays there
+        once = False
+    elif reshard is False or reduce_once is True:  # the user chose one half of the pair: the other follows
+        once = True
+    else:
+        once = used + estimate.gathered <= estimate.limit
     take("reshard_after_forward", not once)
     take("reduce_grads_once_per_step", once and spec.trainable)
     if once:

@@ -157,6 +157,9 @@ def test_values_the_user_sets_are_kept_and_counted():
     # Explicit memory settings count against the rest: gathered weights that do not fit leave no room.
     kept, _ = choose("7B", H100, 4, config=FSDPConfig(reshard_after_forward=False))
     assert kept.reshard_after_forward is False and kept.reduce_grads_once_per_step is True
+    # The memory-lean half chosen keeps the other half lean, though it would fit.
+    lean, _ = choose("0.5B", H200, 1, config=FSDPConfig(reshard_after_forward=True))
+    assert lean.reduce_grads_once_per_step is False
 
 
 def test_bf16_parameters_need_no_mixed_precision():
