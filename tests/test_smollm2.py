@@ -153,6 +153,7 @@ def test_a_short_lora_grpo_run_trains_the_adapter_and_vllm_follows_it(model_path
             "data.train_files=[builtin:addition/train.jsonl]",
             f"model.path={model_path}",
             "rollout.engine=vllm",  # auto picks the HF rollout on CPUs; this test is about vLLM's adapter
+            "vllm.enforce_eager=true",  # two steps do not repay compiling the model (the suite's time)
             f"trainer.output_dir={tmp_path}",
             "trainer.experiment_name=lora",
             "trainer.backend=local",
