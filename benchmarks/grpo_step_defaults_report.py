@@ -48,9 +48,11 @@ def main() -> None:
         default=Path(__file__).parent / "results" / "grpo_step" / "defaults-vs-tuned-h200",
     )
     args = parser.parse_args()
+    names = [*(n for pair in PAIRS for n in pair), "defaults-80gb"]
+    found = {n: run for n in names if (run := load(args.dir, n)) is not None}
     pairs, defaults, tuned = [], [], []
     for d_name, t_name in PAIRS:
-        d, t = load(args.dir, d_name), load(args.dir, t_name)
+        d, t = found.get(d_name), found.get(t_name)
         if d is None or t is None:
             continue
         defaults.append(d)
@@ -73,7 +75,7 @@ def main() -> None:
         "defaults_pooled": arm(defaults),
         "tuned_pooled": arm(tuned),
     }
-    small = load(args.dir, "defaults-80gb")
+    small = found.get("defaults-80gb")
     if small is not None:
         summary["defaults_80gb"] = {
             "step_s": small["rlcore"]["step_s"],
@@ -88,10 +90,7 @@ def main() -> None:
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    names = [n for pair in PAIRS for n in pair if load(args.dir, n) is not None]
-    if small is not None:
-        names.append("defaults-80gb")
-    runs = [load(args.dir, n) for n in names]
+    names, runs = list(found), list(found.values())
     fig, ax = plt.subplots(figsize=(9, 4.5))
     bottom = [0.0] * len(runs)
     for phase in PHASES:

@@ -16,6 +16,7 @@ import subprocess
 import time
 from pathlib import Path
 
+from ...grpo_step_tuning import FAST_PATH
 from ..actions import PY, Ctx, Do, FreeGpu, Run, cmd
 from .base import Stage
 
@@ -89,11 +90,9 @@ def _step_named(ctx: Ctx) -> list:
 
     def flatten(ctx: Ctx) -> None:  # flat copies of the run's log tails and profile tables
         run = Path(out, "runs", name)
-        logs, prof = Path(ctx.res, f"logs-{name}"), Path(ctx.res, f"profile-{name}")
-        logs.mkdir(parents=True, exist_ok=True)
+        _copy_log_tails(ctx, out, name)
+        prof = Path(ctx.res, f"profile-{name}")
         prof.mkdir(parents=True, exist_ok=True)
-        for f in run.glob("logs/*.log"):
-            (logs / f.name).write_bytes(f.read_bytes()[-200_000:])
         for f in run.glob("profile/*/*.txt"):
             shutil.copyfile(f, prof / f"{f.parent.name}-{f.name}")
 
@@ -107,16 +106,9 @@ def _step_named(ctx: Ctx) -> list:
     ]
 
 
-#: The best tuned settings found (round 4/5's fast path): what ``--defaults`` runs are compared against.
-TUNED = (
-    "fsdp.compile=true",
-    "fsdp.reshard_after_forward=false",
-    "fsdp.reduce_grads_once_per_step=true",
-    "fsdp.logits_chunk_size=4096",
-    "fsdp.recompute_logits=false",
-    "actor.max_tokens_per_micro_batch=16384",
-    "rollout.gpu_memory_utilization=0.3",
-)
+#: The best tuned settings found (round 4/5's fast path, as round 4's ``tuned`` run passed them): what
+#: ``--defaults`` runs are compared against.
+TUNED = (*FAST_PATH, "rollout.gpu_memory_utilization=0.3")
 #: An H200 with this much held by another process leaves an H100's 79.6 GiB (torch's count of both).
 HOLD_FOR_80GB = "60.2"
 
@@ -143,22 +135,22 @@ def _defaults_vs_tuned(ctx: Ctx) -> list:
         actions += [
             FreeGpu(),
             Run(f"grpo-{name}-{s}", 420, argv),
-            Do(f"copy the run's driver and actor-0 logs into logs-{name}/", _run_logs(out, name)),
+            Do(
+                f"copy the run's driver and first train ranks' logs into logs-{name}/ (what each auto became)",
+                lambda ctx, name=name: _copy_log_tails(ctx, out, name, ("driver", "actor-0", "reference-0")),
+            ),
         ]
     return actions
 
 
-def _run_logs(out: str, name: str):
-    """The run's driver.log (what each ``auto`` became) and its first actor rank's log, flat in the results."""
-
-    def copy(ctx: Ctx) -> None:
-        logs = Path(ctx.res, f"logs-{name}")
-        logs.mkdir(parents=True, exist_ok=True)
-        for f in Path(out, "runs", name, "logs").glob("*.log"):
-            if f.name in ("driver.log", "actor-0.log", "reference-0.log"):
-                (logs / f.name).write_bytes(f.read_bytes()[-200_000:])
-
-    return copy
+def _copy_log_tails(ctx: Ctx, out: str, name: str, only: tuple[str, ...] | None = None) -> None:
+    """The last 200 kB of run ``name``'s ``logs/*.log`` (those named in ``only``, else all), flat in
+    ``<res>/logs-<name>/``."""
+    logs = Path(ctx.res, f"logs-{name}")
+    logs.mkdir(parents=True, exist_ok=True)
+    for f in Path(out, "runs", name, "logs").glob("*.log"):
+        if only is None or f.stem in only:
+            (logs / f.name).write_bytes(f.read_bytes()[-200_000:])
 
 
 def _step_again(ctx: Ctx) -> list:

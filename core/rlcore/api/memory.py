@@ -134,11 +134,17 @@ def model_shape(model_path: str) -> ModelShape:
 
 
 def auto_budget(
-    spec: EngineSpec, *, device_bytes: float, shards: int, activation_dtype: str | None = None
+    spec: EngineSpec,
+    *,
+    device_bytes: float,
+    shards: int,
+    activation_dtype: str | None = None,
+    shape: ModelShape | None = None,
 ) -> int:
-    """The token budget ``max_tokens_per_micro_batch: auto`` becomes for ``spec`` on this device."""
+    """The token budget ``max_tokens_per_micro_batch: auto`` becomes for ``spec`` on this device;
+    ``shape``: the model's, when the caller has read it already (default: from its HF config)."""
     return token_budget(
-        model_shape(spec.model_path),
+        shape or model_shape(spec.model_path),
         device_bytes=device_bytes,
         dtype=spec.dtype,
         gradient_checkpointing=spec.gradient_checkpointing,

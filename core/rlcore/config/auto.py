@@ -24,20 +24,32 @@ def choose_rollout(name: str, device: str = "auto", ray_address: str | None = No
     if name != "auto":
         return name, f"rollout.engine {name} (as set)"
     installed = tuple(registry("rollout_engines").names())
-    if ray_address or os.environ.get("RAY_ADDRESS"):
+    if _joins_cluster(ray_address):
         engine = "vllm" if "vllm" in installed else "hf"
         return engine, (
             f"rollout.engine auto -> {engine}: the run joins a Ray cluster whose devices this machine cannot "
             "see (vLLM when installed); set rollout.engine to choose"
         )
+    platform = _platform(device)
+    engine, why = platform.default_rollout(installed)
+    return engine, f"rollout.engine auto -> {engine} on {platform.name}: {why}"
+
+
+def _joins_cluster(ray_address: str | None) -> bool:
+    """Whether the run joins a Ray cluster (``trainer.ray_address`` or ``RAY_ADDRESS``), whose workers'
+    devices this machine cannot see."""
+    return bool(ray_address or os.environ.get("RAY_ADDRESS"))
+
+
+def _platform(device: str) -> Any:
+    """The device platform ``trainer.device`` picks on this machine (``auto``'s when the name is unknown
+    or absent: the name checks report that)."""
     from rlcore.devices import get_platform
 
     try:
-        platform = get_platform(device)
+        return get_platform(device)
     except Exception:  # noqa: BLE001 - an unknown or absent platform is reported by the name checks
-        platform = get_platform("auto")
-    engine, why = platform.default_rollout(installed)
-    return engine, f"rollout.engine auto -> {engine} on {platform.name}: {why}"
+        return get_platform("auto")
 
 
 def choose_placement(config: Any, rollout: str) -> tuple[str, str]:
@@ -77,16 +89,10 @@ def choose_rollout_dtype(config: Any) -> tuple[str | None, str | None]:
         return dtype, None
     if config.model.dtype != "float32":
         return config.model.dtype, f"rollout.dtype auto -> {config.model.dtype} (model.dtype)"
-    if config.trainer.ray_address or os.environ.get("RAY_ADDRESS"):
+    if _joins_cluster(config.trainer.ray_address):
         fast, why = True, "the run joins a Ray cluster, whose workers are taken for accelerators"
     else:
-        from rlcore.devices import get_platform
-
-        try:
-            platform = get_platform(config.trainer.device)
-        except Exception:  # noqa: BLE001 - an unknown or absent platform is reported by the name checks
-            platform = get_platform("auto")
-        fast, why = platform.fast_training()
+        fast, why = _platform(config.trainer.device).fast_training()
     chosen = "bfloat16" if fast else "float32"
     return chosen, f"rollout.dtype auto -> {chosen} (model.dtype float32): {why}"
 

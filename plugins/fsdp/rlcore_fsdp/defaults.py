@@ -224,15 +224,8 @@ def _budget(spec, device_bytes, world_size, compute_dtype, shape) -> int:
     """Tokens per micro-batch the role will run with (the ``auto`` budget as the worker will size it)."""
     budget = spec.max_tokens_per_micro_batch
     if budget == AUTO_MICRO_BATCH:
-        return memory.token_budget(
-            shape,
-            device_bytes=device_bytes,
-            dtype=spec.dtype,
-            gradient_checkpointing=spec.gradient_checkpointing,
-            trainable=spec.trainable,
-            shards=world_size,
-            longest=spec.max_sequence_length or 1,
-            activation_dtype=compute_dtype,
+        return memory.auto_budget(
+            spec, device_bytes=device_bytes, shards=world_size, activation_dtype=compute_dtype, shape=shape
         )
     if budget is None:
         return spec.micro_batch_size * (spec.max_sequence_length or 1)
