@@ -111,6 +111,36 @@ def _engines(ctx: Ctx) -> list:
     ]
 
 
+def _gap(ctx: Ctx) -> list:
+    """Issue 35's ``rollout-vllm-vs-sglang-b256`` with its reason: vLLM's batch-256 time taken apart
+    (``vllm_gap_gpu.py``: the plugin's engine core in its process, then in a process of its own, each
+    with log-probs and detokenization on and off), then SGLang's plugin and raw engine on the same
+    workload, each in a process of its own."""
+    res, repeats = ctx.res, ctx.knob("REPEATS", "3")
+    actions: list = []
+    for where in ("in", "own"):
+        argv = cmd(PY, "benchmarks/vllm_gap_gpu.py", "--engine-process", where, "--repeats", repeats)
+        actions += [
+            FreeGpu(),
+            Run(
+                f"gap-vllm-{where}",
+                270,
+                argv + ("--out", f"{res}/gap_vllm_{where}.json"),
+                path=("/tmp/proj", "/tmp/vsite"),
+                tail=12,
+            ),
+        ]
+    sglang = cmd(
+        PY,
+        "benchmarks/sglang_gpu.py",
+        words("--batch 256 --new-tokens 256 --shape 0.5B --sync-shapes --repeats"),
+        repeats,
+        "--out",
+        f"{res}/gap_sglang.json",
+    )
+    return actions + [FreeGpu(), Run("gap-sglang", 240, sglang, path=("/tmp/proj", "/tmp/site"), tail=12)]
+
+
 STAGES = [
     Stage(
         "vllm-tests",
@@ -172,6 +202,15 @@ STAGES = [
         "benchmarks/rollout_engines.py",
         420,
         _engines,
+        ("vllm", "sglang"),
+    ),
+    Stage(
+        "vllm-gap",
+        "where vLLM's batch-256 time goes (engine core in or out of process; log-probs, detokenization), "
+        "then SGLang on the same workload (issue 35's rollout-vllm-vs-sglang-b256)",
+        "benchmarks/vllm_gap_gpu.py",
+        600,
+        _gap,
         ("vllm", "sglang"),
     ),
 ]
