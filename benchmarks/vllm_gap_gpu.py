@@ -15,7 +15,9 @@ interleaved, the order rotating every repeat, each on fresh prompts with an empt
 - ``raw``: ``LLM.generate`` with the plugin's requests (``to_vllm``: log-prob of the sampled token,
   detokenized);
 - ``raw-no-logprobs``, ``raw-no-detok``: the same without one of the two;
-- ``raw-bare``: without either (what the engine costs with nothing asked beyond token ids).
+- ``raw-bare``: without either (what the engine costs with nothing asked beyond token ids);
+- ``raw-flat``, ``raw-flat-no-detok`` (``--systems``): log-probs in vLLM's flat lists, with the engine
+  detokenizing and without (then the texts decoded in one batch, timed), what the plugin asks since.
 
 The JSON keeps per system the median and range of tokens per second and the engine's resolved settings
 (async scheduling, CUDA-graph sizes, attention backend, where its core runs).
@@ -39,6 +41,9 @@ from rlcore.devices import get_platform
 from vllm_gpu import PROMPT_LEN, SHAPES, random_prompts, save_model  # benchmarks/ leads sys.path
 
 SYSTEMS = ("plugin", "raw", "raw-no-logprobs", "raw-no-detok", "raw-bare")
+#: The plugin's requests since the fix, raw: log-probs flat (``flat_logprobs``), with and without the
+#: engine detokenizing (without: the texts decoded in one batch afterwards, inside the timing).
+FLAT = ("raw-flat", "raw-flat-no-detok")
 
 
 def build_engine(path: Path, in_process: bool, eager: bool, platform, kv_cache_gib: float | None):
@@ -69,7 +74,7 @@ def engine_settings(engine) -> dict:
     }
 
 
-def _raw(logprobs: bool, detokenize: bool):
+def _raw(logprobs: bool, detokenize: bool, flat: bool = False):
     def run(engine, prompts, params) -> float:
         from rlcore_vllm.sampling import to_vllm
 
@@ -80,9 +85,14 @@ def _raw(logprobs: bool, detokenize: bool):
                 if not logprobs:
                     vllm_params.logprobs = None
                 vllm_params.detokenize = detokenize
+                vllm_params.flat_logprobs = flat and logprobs
                 requests.append(vllm_params)
             start = time.perf_counter()
             out = llm.generate([{"prompt_token_ids": p} for p in prompts], requests, use_tqdm=False)
+            if flat and not detokenize:  # the texts, as the plugin decodes them
+                llm.get_tokenizer().batch_decode(
+                    [o.outputs[0].token_ids for o in out], skip_special_tokens=True
+                )
             seconds = time.perf_counter() - start
         return sum(len(o.outputs[0].token_ids) for o in out) / seconds
 
@@ -101,6 +111,8 @@ RUNS = {
     "raw-no-logprobs": _raw(logprobs=False, detokenize=True),
     "raw-no-detok": _raw(logprobs=True, detokenize=False),
     "raw-bare": _raw(logprobs=False, detokenize=False),
+    "raw-flat": _raw(logprobs=True, detokenize=True, flat=True),
+    "raw-flat-no-detok": _raw(logprobs=True, detokenize=False, flat=True),
 }
 
 
@@ -129,7 +141,7 @@ def main() -> None:
     parser.add_argument("--batch", type=int, default=256)
     parser.add_argument("--new-tokens", type=int, default=256)
     parser.add_argument("--repeats", type=int, default=3)
-    parser.add_argument("--systems", nargs="+", default=list(SYSTEMS), choices=SYSTEMS)
+    parser.add_argument("--systems", nargs="+", default=list(SYSTEMS), choices=SYSTEMS + FLAT)
     parser.add_argument("--shape", default="0.5B", choices=list(SHAPES))
     parser.add_argument("--device", default="cuda", help="rlcore device platform (cpu for a dry run)")
     parser.add_argument("--kv-cache-gib", type=float, help="fixed KV cache size (needed on cpu)")

@@ -130,15 +130,31 @@ def _gap(ctx: Ctx) -> list:
                 tail=12,
             ),
         ]
-    sglang = cmd(
+    return actions + _gap_sglang(ctx)
+
+
+def _gap_sglang(ctx: Ctx) -> list:
+    """SGLang's plugin and raw engine on vllm-gap's workload (batch 256, 128+256 tokens, log-probs)."""
+    argv = cmd(
         PY,
         "benchmarks/sglang_gpu.py",
         words("--batch 256 --new-tokens 256 --shape 0.5B --sync-shapes --repeats"),
-        repeats,
+        ctx.knob("REPEATS", "3"),
         "--out",
-        f"{res}/gap_sglang.json",
+        f"{ctx.res}/gap_sglang.json",
     )
-    return actions + [FreeGpu(), Run("gap-sglang", 240, sglang, path=("/tmp/proj", "/tmp/site"), tail=12)]
+    return [FreeGpu(), Run("gap-sglang", 240, argv, path=("/tmp/proj", "/tmp/site"), tail=12)]
+
+
+def _gap_flat(ctx: Ctx) -> list:
+    """After the fix: the plugin (flat log-probs, texts decoded afterwards) next to the old request
+    (``raw``), the fix's two halves raw, and the ceiling without log-probs; in-process, one engine."""
+    systems = "plugin raw raw-flat raw-flat-no-detok raw-no-logprobs"
+    argv = cmd(
+        PY, "benchmarks/vllm_gap_gpu.py", "--engine-process", "in", "--repeats", ctx.knob("REPEATS", "3")
+    )
+    argv += ("--systems", *systems.split(), "--out", f"{ctx.res}/gap_vllm_flat.json")
+    return [FreeGpu(), Run("gap-vllm-flat", 300, argv, path=("/tmp/proj", "/tmp/vsite"), tail=12)]
 
 
 STAGES = [
@@ -212,5 +228,22 @@ STAGES = [
         600,
         _gap,
         ("vllm", "sglang"),
+    ),
+    Stage(
+        "vllm-gap-flat",
+        "the vLLM plugin with flat log-probs and texts decoded afterwards, beside the old request and the "
+        "ceiling without log-probs (the fix of vllm-gap's finding)",
+        "benchmarks/vllm_gap_gpu.py",
+        240,
+        _gap_flat,
+        ("vllm",),
+    ),
+    Stage(
+        "sglang-b256",
+        "SGLang's plugin and raw engine on vllm-gap's workload alone",
+        "benchmarks/sglang_gpu.py",
+        150,
+        _gap_sglang,
+        ("sglang",),
     ),
 ]

@@ -50,7 +50,7 @@ from rlcore.weights import assemble
 from rlcore_vllm import adapters, memory
 from rlcore_vllm.config import CPU_MAX_NUM_SEQS, VLLMConfig
 from rlcore_vllm.engine_loop import EngineLoop
-from rlcore_vllm.sampling import to_completion, to_vllm
+from rlcore_vllm.sampling import engine_detokenizes, to_completion, to_vllm
 from rlcore_vllm.weight_stream import ModelWeights, StreamFilter
 from rlcore_vllm.worker import EXTENSION
 
@@ -130,6 +130,8 @@ class VLLMRollout(RolloutEngine):
                 packed = llm.collective_rpc("rlcore_packed_modules")[0]
                 experts = llm.collective_rpc("rlcore_fused_moe_modules")[0]
                 vllm_config = llm.llm_engine.vllm_config
+                #: Decodes responses the engine did not detokenize (:func:`~rlcore_vllm.sampling.to_vllm`).
+                self.tokenizer = llm.get_tokenizer()
             self.weights = ModelWeights.from_pretrained(spec.model_path, packed, experts)
             #: ``direct`` or ``reload``: how weight loads reach the parameters (``vllm.weight_write``).
             self.weight_write = self._plan_weight_write(config.weight_write)
@@ -193,10 +195,9 @@ class VLLMRollout(RolloutEngine):
             for f in futures:
                 f.cancel()
             raise
+        completions = self._completions([row for row in rows for _ in range(params.n)], outputs, params)
         n = params.n
-        return [
-            [to_completion(row, out) for out in outputs[i * n : (i + 1) * n]] for i, row in enumerate(rows)
-        ]
+        return [completions[i * n : (i + 1) * n] for i in range(len(rows))]
 
     async def agenerate(self, prompt: Sequence[int], params: SamplingParams) -> list[Completion]:
         """One prompt's ``n`` samples, awaited. Many calls may be in flight; the engine batches them with
@@ -212,7 +213,19 @@ class VLLMRollout(RolloutEngine):
             for f in futures:  # a failed or cancelled sample takes its siblings with it
                 f.cancel()
             raise
-        return [to_completion(row, out) for out in outputs]
+        return self._completions([row] * len(outputs), outputs, params)
+
+    def _completions(
+        self, prompts: list[list[int]], outputs: list[Any], params: SamplingParams
+    ) -> list[Completion]:
+        """Completions of finished vLLM outputs, their texts decoded here, in one batch, where the engine did
+        not detokenize; as the reference HF rollout does (``skip_special_tokens``)."""
+        if engine_detokenizes(params):
+            return [to_completion(p, out) for p, out in zip(prompts, outputs, strict=True)]
+        texts = self.tokenizer.batch_decode(
+            [out.outputs[0].token_ids for out in outputs], skip_special_tokens=True
+        )
+        return [to_completion(p, out, t) for p, out, t in zip(prompts, outputs, texts, strict=True)]
 
     def _check_request(self, prompts: Sequence[Sequence[int]], params: SamplingParams) -> list[list[int]]:
         check_sampling(params)
