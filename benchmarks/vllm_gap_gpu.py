@@ -30,31 +30,26 @@ from __future__ import annotations
 
 import argparse
 import json
-import statistics
 import tempfile
 import time
 from pathlib import Path
 
 import torch
-from rlcore.api import RolloutSpec, SamplingParams
 from rlcore.devices import get_platform
-from vllm_gpu import PROMPT_LEN, SHAPES, random_prompts, save_model  # benchmarks/ leads sys.path
+from vllm_gpu import (  # benchmarks/ leads sys.path
+    PROMPT_LEN,
+    SHAPES,
+    interleaved,
+    make_engine,
+    run_plugin,
+    save_model,
+    spread,
+)
 
 SYSTEMS = ("plugin", "raw", "raw-no-logprobs", "raw-no-detok", "raw-bare")
 #: The plugin's requests since the fix, raw: log-probs flat (``flat_logprobs``), with and without the
 #: engine detokenizing (without: the texts decoded in one batch afterwards, inside the timing).
 FLAT = ("raw-flat", "raw-flat-no-detok")
-
-
-def build_engine(path: Path, in_process: bool, eager: bool, platform, kv_cache_gib: float | None):
-    from rlcore_vllm.config import VLLMConfig
-    from rlcore_vllm.engine import VLLMRollout
-
-    spec = RolloutSpec(
-        model_path=str(path), dtype="bfloat16", max_model_len=1024, gpu_memory_utilization=0.6, seed=0
-    )
-    config = VLLMConfig(enforce_eager=eager, kv_cache_memory_gib=kv_cache_gib, in_process=in_process)
-    return VLLMRollout(spec, config, platform)
 
 
 def engine_settings(engine) -> dict:
@@ -99,14 +94,8 @@ def _raw(logprobs: bool, detokenize: bool, flat: bool = False):
     return run
 
 
-def _plugin(engine, prompts, params) -> float:
-    start = time.perf_counter()
-    out = engine.generate(prompts, params)
-    return sum(len(c.token_ids) for per in out for c in per) / (time.perf_counter() - start)
-
-
 RUNS = {
-    "plugin": _plugin,
+    "plugin": run_plugin,
     "raw": _raw(logprobs=True, detokenize=True),
     "raw-no-logprobs": _raw(logprobs=False, detokenize=True),
     "raw-no-detok": _raw(logprobs=True, detokenize=False),
@@ -117,22 +106,10 @@ RUNS = {
 
 
 def measure(engine, batch: int, repeats: int, new_tokens: int, systems: list[str]) -> dict:
-    for name in systems:  # warm-up: the sampler's kernels, the allocator
-        RUNS[name](engine, random_prompts(batch, 0), SamplingParams(max_tokens=new_tokens, seed=0))
-    runs: dict[str, list[float]] = {name: [] for name in systems}
-    for repeat in range(repeats):
-        order = systems[repeat % len(systems) :] + systems[: repeat % len(systems)]
-        for name in order:
-            with engine.exclusive() as llm:
-                llm.reset_prefix_cache()
-            seed = 1 + repeat * len(systems) + systems.index(name)
-            params = SamplingParams(temperature=1.0, max_tokens=new_tokens, seed=seed)
-            runs[name].append(RUNS[name](engine, random_prompts(batch, seed), params))
-            print(f"  repeat {repeat} {name}: {runs[name][-1]:.0f} tok/s", flush=True)
-    return {
-        name: {"median": statistics.median(v), "min": min(v), "max": max(v), "runs": v}
-        for name, v in runs.items()
-    }
+    runs = interleaved(
+        engine, {name: RUNS[name] for name in systems}, batch, repeats, new_tokens, report=True
+    )
+    return {name: {**spread(v), "runs": v} for name, v in runs.items()}
 
 
 def main() -> None:
@@ -158,9 +135,8 @@ def main() -> None:
     save_model(path, args.shape, device)
     platform.empty_cache()
     started = time.perf_counter()
-    engine = build_engine(
-        path, args.engine_process == "in", device.type == "cpu", platform, args.kv_cache_gib
-    )
+    eager = device.type == "cpu"
+    engine = make_engine(path, eager, platform, args.kv_cache_gib, in_process=args.engine_process == "in")
     result = {
         "hardware": f"{name}, vllm {vllm.__version__}, torch {torch.__version__}",
         "command": f"python benchmarks/vllm_gap_gpu.py --engine-process {args.engine_process} --batch "

@@ -110,7 +110,14 @@ def word_level_tokenizer():
     )
 
 
-def make_engine(path: Path, eager: bool, platform, kv_cache_gib: float | None, memory_fraction: float = 0.6):
+def make_engine(
+    path: Path,
+    eager: bool,
+    platform,
+    kv_cache_gib: float | None,
+    memory_fraction: float = 0.6,
+    in_process: bool = True,
+):
     from rlcore_vllm.config import VLLMConfig
     from rlcore_vllm.engine import VLLMRollout
 
@@ -121,7 +128,8 @@ def make_engine(path: Path, eager: bool, platform, kv_cache_gib: float | None, m
         gpu_memory_utilization=memory_fraction,
         seed=0,
     )
-    return VLLMRollout(spec, VLLMConfig(enforce_eager=eager, kv_cache_memory_gib=kv_cache_gib), platform)
+    config = VLLMConfig(enforce_eager=eager, kv_cache_memory_gib=kv_cache_gib, in_process=in_process)
+    return VLLMRollout(spec, config, platform)
 
 
 def random_prompts(batch: int, seed: int) -> list[list[int]]:
@@ -158,6 +166,29 @@ def spread(values: list[float]) -> dict:
     return {"median": statistics.median(values), "min": min(values), "max": max(values), "n": len(values)}
 
 
+def interleaved(engine, funcs: dict, batch: int, repeats: int, new_tokens: int, report: bool = False) -> dict:
+    """Tokens per second of each of ``funcs`` (name -> ``f(engine, prompts, params)``) at ``batch``, after
+    one warm-up each: ``repeats`` rounds, the order rotating every round (A B, B A ...), temperature 1.
+    ``report``: print each run as it ends."""
+    runs: dict[str, list[float]] = {name: [] for name in funcs}
+    for name in funcs:  # warm-up: sampler compilation, allocator
+        funcs[name](engine, random_prompts(batch, 0), SamplingParams(max_tokens=new_tokens, seed=0))
+    names = list(funcs)
+    for repeat in range(repeats):
+        order = names[repeat % len(names) :] + names[: repeat % len(names)]
+        for name in order:
+            # Prompts of its own for every run, and an empty prefix cache: the second system of a
+            # pair would otherwise find the first one's prompts cached and skip their prefill.
+            with engine.exclusive() as llm:
+                llm.reset_prefix_cache()
+            seed = 1 + repeat * len(names) + names.index(name)
+            params = SamplingParams(temperature=1.0, max_tokens=new_tokens, seed=seed)
+            runs[name].append(funcs[name](engine, random_prompts(batch, seed), params))
+            if report:
+                print(f"  repeat {repeat} {name}: {runs[name][-1]:.0f} tok/s", flush=True)
+    return runs
+
+
 def throughput(engine, batches: list[int], repeats: int, new_tokens: int, request_seeds: bool) -> list[dict]:
     """Per batch size: the systems run interleaved, in an order that rotates every repeat (A B, B A ...),
     each repeat on fresh prompts; the ratio is taken per repeat (plugin / raw of the same repeat) and
@@ -167,20 +198,7 @@ def throughput(engine, batches: list[int], repeats: int, new_tokens: int, reques
         funcs[SEEDED] = lambda e, p, sp: run_raw(e, p, sp, seeded=True)
     records = []
     for batch in batches:
-        runs: dict[str, list[float]] = {name: [] for name in funcs}
-        for name in funcs:  # warm-up: sampler compilation, allocator
-            funcs[name](engine, random_prompts(batch, 0), SamplingParams(max_tokens=new_tokens, seed=0))
-        names = list(funcs)
-        for repeat in range(repeats):
-            order = names[repeat % len(names) :] + names[: repeat % len(names)]
-            for name in order:
-                # Prompts of its own for every run, and an empty prefix cache: the second system of a
-                # pair would otherwise find the first one's prompts cached and skip their prefill.
-                with engine.exclusive() as llm:
-                    llm.reset_prefix_cache()
-                seed = 1 + repeat * len(names) + names.index(name)
-                params = SamplingParams(temperature=1.0, max_tokens=new_tokens, seed=seed)
-                runs[name].append(funcs[name](engine, random_prompts(batch, seed), params))
+        runs = interleaved(engine, funcs, batch, repeats, new_tokens)
         ratios = [p / r for p, r in zip(runs[PLUGIN], runs[RAW], strict=True)]
         record = {
             "batch": batch,
