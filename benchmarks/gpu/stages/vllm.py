@@ -111,26 +111,24 @@ def _engines(ctx: Ctx) -> list:
     ]
 
 
+def _gap_vllm(ctx: Ctx, name: str, where: str, limit: int, systems: tuple[str, ...] = ()) -> list:
+    """One ``vllm_gap_gpu.py`` process (engine core ``where``: ``in`` or ``own``), its JSON ``gap_vllm_<name>``;
+    ``systems``: those to time (default: the script's)."""
+    argv = cmd(
+        PY, "benchmarks/vllm_gap_gpu.py", "--engine-process", where, "--repeats", ctx.knob("REPEATS", "3")
+    )
+    if systems:
+        argv += ("--systems", *systems)
+    argv += ("--out", f"{ctx.res}/gap_vllm_{name}.json")
+    return [FreeGpu(), Run(f"gap-vllm-{name}", limit, argv, path=("/tmp/proj", "/tmp/vsite"), tail=12)]
+
+
 def _gap(ctx: Ctx) -> list:
     """Issue 35's ``rollout-vllm-vs-sglang-b256`` with its reason: vLLM's batch-256 time taken apart
     (``vllm_gap_gpu.py``: the plugin's engine core in its process, then in a process of its own, each
     with log-probs and detokenization on and off), then SGLang's plugin and raw engine on the same
     workload, each in a process of its own."""
-    res, repeats = ctx.res, ctx.knob("REPEATS", "3")
-    actions: list = []
-    for where in ("in", "own"):
-        argv = cmd(PY, "benchmarks/vllm_gap_gpu.py", "--engine-process", where, "--repeats", repeats)
-        actions += [
-            FreeGpu(),
-            Run(
-                f"gap-vllm-{where}",
-                270,
-                argv + ("--out", f"{res}/gap_vllm_{where}.json"),
-                path=("/tmp/proj", "/tmp/vsite"),
-                tail=12,
-            ),
-        ]
-    return actions + _gap_sglang(ctx)
+    return _gap_vllm(ctx, "in", "in", 270) + _gap_vllm(ctx, "own", "own", 270) + _gap_sglang(ctx)
 
 
 def _gap_sglang(ctx: Ctx) -> list:
@@ -149,12 +147,8 @@ def _gap_sglang(ctx: Ctx) -> list:
 def _gap_flat(ctx: Ctx) -> list:
     """After the fix: the plugin (flat log-probs, texts decoded afterwards) next to the old request
     (``raw``), the fix's two halves raw, and the ceiling without log-probs; in-process, one engine."""
-    systems = "plugin raw raw-flat raw-flat-no-detok raw-no-logprobs"
-    argv = cmd(
-        PY, "benchmarks/vllm_gap_gpu.py", "--engine-process", "in", "--repeats", ctx.knob("REPEATS", "3")
-    )
-    argv += ("--systems", *systems.split(), "--out", f"{ctx.res}/gap_vllm_flat.json")
-    return [FreeGpu(), Run("gap-vllm-flat", 300, argv, path=("/tmp/proj", "/tmp/vsite"), tail=12)]
+    systems = ("plugin", "raw", "raw-flat", "raw-flat-no-detok", "raw-no-logprobs")
+    return _gap_vllm(ctx, "flat", "in", 300, systems)
 
 
 STAGES = [
