@@ -3,10 +3,13 @@ summary (per pair: default step / tuned step, the medians of steps 2-4; per arm:
 and a chart of each run's phases.
 
     python benchmarks/grpo_step_defaults_report.py [--dir benchmarks/results/grpo_step/defaults-vs-tuned-h200]
+        [--pair DEFAULTS:TUNED ...] [--first NAME ...]
 
-Reads ``<name>_0.5B.json`` (``grpo_step_gpu.py``'s output) for the pairs ``defaults``/``tuned``,
-``defaults-rerun``/``tuned-rerun``, ``defaults-run3``/``tuned-run3`` (those present) and
-``defaults-80gb``; writes ``summary.json`` and ``phases.png`` beside them.
+Reads ``<name>_0.5B.json`` (``grpo_step_gpu.py``'s output) for the pairs (by default ``defaults``/``tuned``,
+``defaults-rerun``/``tuned-rerun``, ``defaults-run3``/``tuned-run3``, those present; ``--pair`` names others)
+and ``defaults-80gb``; writes ``summary.json`` and ``phases.png`` beside them. ``--first`` names the runs that
+were the first on a fresh machine: the summary marks them and gives the ratio of the pairs where neither was,
+because the first run on a machine was slower in every phase whichever settings it had (2026-11-29).
 """
 
 from __future__ import annotations
@@ -36,6 +39,8 @@ def arm(runs: list[dict]) -> dict:
     out = {"steps": len(steps)}
     for key in ("step", *PHASES):
         values = [s[f"timing/{key}"] for s in steps if f"timing/{key}" in s]
+        if not values:  # a phase these runs did not have (no reference model, say)
+            continue
         out[key] = {"median": statistics.median(values), "min": min(values), "max": max(values)}
     return out
 
@@ -47,16 +52,24 @@ def main() -> None:
         type=Path,
         default=Path(__file__).parent / "results" / "grpo_step" / "defaults-vs-tuned-h200",
     )
+    parser.add_argument(
+        "--pair",
+        action="append",
+        metavar="DEFAULTS:TUNED",
+        help="a pair of run names, defaults first (repeat; replaces the default pairs)",
+    )
+    parser.add_argument(
+        "--first", action="append", default=[], metavar="NAME", help="a run that was its machine's first"
+    )
     args = parser.parse_args()
-    names = [*(n for pair in PAIRS for n in pair), "defaults-80gb"]
+    pair_names = [tuple(p.split(":", 1)) for p in args.pair] if args.pair else PAIRS
+    names = [*dict.fromkeys(n for pair in pair_names for n in pair), "defaults-80gb"]
     found = {n: run for n in names if (run := load(args.dir, n)) is not None}
     pairs, defaults, tuned = [], [], []
-    for d_name, t_name in PAIRS:
+    for d_name, t_name in pair_names:
         d, t = found.get(d_name), found.get(t_name)
         if d is None or t is None:
             continue
-        defaults.append(d)
-        tuned.append(t)
         pairs.append(
             {
                 "pair": [d_name, t_name],
@@ -65,13 +78,21 @@ def main() -> None:
                 "ratio": d["rlcore"]["step_s"] / t["rlcore"]["step_s"],
                 "defaults_peak_gib": d["rlcore"]["peak_gpu_memory_gib"],
                 "tuned_peak_gib": t["rlcore"]["peak_gpu_memory_gib"],
+                "first_on_machine": [n for n in (d_name, t_name) if n in args.first],
             }
         )
+        if d not in defaults:
+            defaults.append(d)
+        if t not in tuned:
+            tuned.append(t)
     ratios = [p["ratio"] for p in pairs]
+    warm = [p["ratio"] for p in pairs if not p["first_on_machine"]]
     summary = {
         "pairs": pairs,
         "ratio_median": statistics.median(ratios),
         "ratio_range": [min(ratios), max(ratios)],
+        "first_on_machine": args.first,
+        "ratio_without_first_runs": {"median": statistics.median(warm), "values": warm} if warm else None,
         "defaults_pooled": arm(defaults),
         "tuned_pooled": arm(tuned),
     }
@@ -83,14 +104,16 @@ def main() -> None:
             "held_gib": small["rlcore"].get("held_gib"),
         }
     (args.dir / "summary.json").write_text(json.dumps(summary, indent=2))
-    print(json.dumps({k: summary[k] for k in ("pairs", "ratio_median", "ratio_range")}, indent=2))
+    keys = ("pairs", "ratio_median", "ratio_range", "ratio_without_first_runs")
+    print(json.dumps({k: summary[k] for k in keys}, indent=2))
 
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    names, runs = list(found), list(found.values())
+    names = [f"{n}\n(machine's first)" if n in args.first else n for n in found]
+    runs = list(found.values())
     fig, ax = plt.subplots(figsize=(9, 4.5))
     bottom = [0.0] * len(runs)
     for phase in PHASES:

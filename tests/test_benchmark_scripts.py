@@ -309,3 +309,30 @@ def test_moe_demo_model_tiny_is_a_qwen3_moe_over_the_demo_tokenizer(tmp_path):
     assert config.model_type == "qwen3_moe" and config.num_experts == 8 and config.head_dim == 16
     assert config.vocab_size == len(AutoTokenizer.from_pretrained(out))
     assert not config.tie_word_embeddings
+
+
+def test_defaults_vs_tuned_report_pairs_runs_and_sets_the_machines_first_runs_apart(tmp_path):
+    """Named pairs may share a run; pooled arms count each run once; the ratio without first runs leaves
+    out every pair holding a machine's first run (hand-computed from the step times below)."""
+
+    def run(name, step_s, steps):
+        timing = [{f"timing/{k}": v for k, v in zip(("step", "generate"), s, strict=True)} for s in steps]
+        body = {"step_s": step_s, "peak_gpu_memory_gib": 50.0, "phases_s": {"generate": steps[-1][1]}}
+        (tmp_path / f"{name}_0.5B.json").write_text(json.dumps({"rlcore": body, "rlcore_steps": timing}))
+
+    run("defaults", 16.0, [(40.0, 9.0), (16.0, 10.0), (15.0, 9.5)])
+    run("tuned", 12.0, [(20.0, 8.0), (12.0, 7.0), (12.5, 7.5)])
+    run("defaults-rerun", 11.4, [(20.0, 7.0), (11.4, 7.0), (11.6, 7.2)])
+    cmd = [sys.executable, "benchmarks/grpo_step_defaults_report.py", "--dir", str(tmp_path)]
+    cmd += ["--pair", "defaults:tuned", "--pair", "defaults-rerun:tuned", "--first", "defaults"]
+    done = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stderr[-3000:]
+    summary = json.loads((tmp_path / "summary.json").read_text())
+    assert [p["ratio"] for p in summary["pairs"]] == pytest.approx([16.0 / 12.0, 11.4 / 12.0])
+    assert [p["first_on_machine"] for p in summary["pairs"]] == [["defaults"], []]
+    assert summary["ratio_without_first_runs"]["values"] == pytest.approx([0.95])
+    # the tuned run is in both pairs but pooled once: its two timed steps, not four
+    assert summary["tuned_pooled"]["steps"] == 2
+    assert summary["tuned_pooled"]["step"]["median"] == pytest.approx(12.25)
+    assert summary["defaults_pooled"]["step"]["median"] == pytest.approx((15.0 + 11.6) / 2)
+    assert (tmp_path / "phases.png").stat().st_size > 0

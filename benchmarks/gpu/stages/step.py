@@ -114,10 +114,15 @@ HOLD_FOR_80GB = "60.2"
 
 
 def _defaults_vs_tuned(ctx: Ctx) -> list:
-    """Issue 35's ``grpo-step-defaults-vs-tuned-1gpu``: ``rlcore train`` at its defaults (the workload alone,
-    a run of the default 30 steps timed on its first STEPS) against the tuned fast path, then both again
-    (the re-run), then the defaults on an 80 GB card's memory (HOLD_FOR_80GB GiB held by another process;
-    vLLM's share scaled so it takes what 0.5 of an 80 GB card is)."""
+    """Issue 35's ``grpo-step-defaults-vs-tuned-1gpu``: a short warm-up run whose times are not paired, then
+    ``rlcore train`` at its defaults (the workload alone, a run of the default 30 steps timed on its first
+    STEPS) against the tuned fast path, then both again in the other order (the re-run). The defaults on an
+    80 GB card's memory (HOLD_FOR_80GB GiB held by another process; vLLM's share scaled so it takes what 0.5
+    of an 80 GB card is) run when RUNS names ``defaults-80gb``.
+
+    Why the warm-up: on 2026-11-29 the first run on a fresh machine was 28% slower in steps 2-4, in every
+    phase, whichever arm it was (defaults 16.32 s, tuned 16.25 s, against 12.07-12.96 s for the runs after
+    it), so a pair whose first member is the machine's first run measures the machine, not the settings."""
     s, steps = _shape(ctx), ctx.knob("STEPS", "4")
     out = f"{ctx.res}/grpo_step"
     base = cmd(PY, STEP, "--shape", s, "--skip-raw", "--steps", steps, "--total-steps", "30", "--out", out)
@@ -125,9 +130,10 @@ def _defaults_vs_tuned(ctx: Ctx) -> list:
         "defaults": ("--defaults",),
         "tuned": TUNED,
         "defaults-80gb": ("--defaults", "--hold-gib", HOLD_FOR_80GB, "rollout.gpu_memory_utilization=0.28"),
+        "warmup": ("--steps", "2", *TUNED),
     }
     # RUNS: names to run in order, each named after its kind (defaults-run3, tuned-run3, ...).
-    names = ctx.knob("RUNS", "defaults tuned defaults-rerun tuned-rerun defaults-80gb").split()
+    names = ctx.knob("RUNS", "warmup defaults tuned tuned-rerun defaults-rerun").split()
     actions: list = []
     for name in names:
         kind = "defaults-80gb" if name.startswith("defaults-80gb") else name.split("-")[0]
@@ -365,9 +371,10 @@ STAGES = [
     _stage("step-again", "the rlcore run again (its reproduction), and VARIANT beside it", 300, _step_again),
     _stage(
         "step-defaults-vs-tuned",
-        "rlcore train at its defaults (the workload alone) against the tuned fast path, both again, then the "
-        "defaults within an 80 GB card's memory (issue 35's grpo-step-defaults-vs-tuned-1gpu)",
-        1100,
+        "a warm-up run, then rlcore train at its defaults (the workload alone) against the tuned fast path, and "
+        "both again in the other order (issue 35's grpo-step-defaults-vs-tuned-1gpu); RUNS=defaults-80gb: the "
+        "defaults within an 80 GB card's memory",
+        900,
         _defaults_vs_tuned,
     ),
     _stage("step-inputs", "the model folder and prompt file alone (what verl reads)", 60, _inputs),
