@@ -125,19 +125,20 @@ def _defaults_vs_tuned(ctx: Ctx) -> list:
     it), so a pair whose first member is the machine's first run measures the machine, not the settings."""
     s, steps = _shape(ctx), ctx.knob("STEPS", "4")
     out = f"{ctx.res}/grpo_step"
-    base = cmd(PY, STEP, "--shape", s, "--skip-raw", "--steps", steps, "--total-steps", "30", "--out", out)
+    base = cmd(PY, STEP, "--shape", s, "--skip-raw", "--total-steps", "30", "--out", out)
     kinds = {
         "defaults": ("--defaults",),
         "tuned": TUNED,
         "defaults-80gb": ("--defaults", "--hold-gib", HOLD_FOR_80GB, "rollout.gpu_memory_utilization=0.28"),
-        "warmup": ("--steps", "2", *TUNED),
+        "warmup": TUNED,
     }
     # RUNS: names to run in order, each named after its kind (defaults-run3, tuned-run3, ...).
     names = ctx.knob("RUNS", "warmup defaults tuned tuned-rerun defaults-rerun").split()
     actions: list = []
     for name in names:
         kind = "defaults-80gb" if name.startswith("defaults-80gb") else name.split("-")[0]
-        argv = base + ("--timeout", "400", "--name", name, *kinds[kind], *_overrides(ctx))
+        timed = "2" if kind == "warmup" else steps  # the warm-up's times are not used
+        argv = base + ("--steps", timed, "--timeout", "400", "--name", name, *kinds[kind], *_overrides(ctx))
         actions += [
             FreeGpu(),
             Run(f"grpo-{name}-{s}", 420, argv),
