@@ -65,7 +65,7 @@ def main() -> None:
     pair_names = [tuple(p.split(":", 1)) for p in args.pair] if args.pair else PAIRS
     names = [*dict.fromkeys(n for pair in pair_names for n in pair), "defaults-80gb"]
     found = {n: run for n in names if (run := load(args.dir, n)) is not None}
-    pairs, defaults, tuned = [], [], []
+    pairs = []
     for d_name, t_name in pair_names:
         d, t = found.get(d_name), found.get(t_name)
         if d is None or t is None:
@@ -81,10 +81,9 @@ def main() -> None:
                 "first_on_machine": [n for n in (d_name, t_name) if n in args.first],
             }
         )
-        if d not in defaults:
-            defaults.append(d)
-        if t not in tuned:
-            tuned.append(t)
+    # Each arm's runs once, though a run may be in two pairs.
+    defaults = [found[n] for n in dict.fromkeys(p["pair"][0] for p in pairs)]
+    tuned = [found[n] for n in dict.fromkeys(p["pair"][1] for p in pairs)]
     ratios = [p["ratio"] for p in pairs]
     warm = [p["ratio"] for p in pairs if not p["first_on_machine"]]
     summary = {
