@@ -1,6 +1,7 @@
-"""End to end: the README's main command, ``rlcore train`` with no data, in a fresh process on the
-embedded local Ray with the FSDP engine and, as ``auto`` picks on a CPU, the HF rollout built inside the
-actor's process (``trainer.placement: hybrid``).
+"""End to end: the README's main command, ``rlcore train`` with no data, in a fresh process with the FSDP
+engine and, as ``auto`` picks on a CPU, the HF rollout built inside the actor (``trainer.placement:
+hybrid``) and every role in the ``rlcore`` process itself (``trainer.backend: local``, no Ray). The
+other tests here run on the embedded local Ray.
 
 Shortened to fewer steps, the default GRPO run still learns the built-in ``copy_word`` task: the
 validation reward (greedy, 64 prompts) rises well above where the SFT warm-up left it, the training
@@ -31,9 +32,9 @@ def test_default_run_learns_the_builtin_task(default_run):
 
     config = yaml.safe_load((run_dir / "config.yaml").read_text())
     assert config["algorithm"]["name"] == "grpo" and config["engine"] == "fsdp"
-    assert config["trainer"]["backend"] == "ray"
     # On a CPU, auto picks what measured faster there (docs/benchmarks.md, grpo-step-vs-trl-cpu-*).
     assert config["rollout"]["engine"] == "hf" and config["trainer"]["placement"] == "hybrid"
+    assert config["trainer"]["backend"] == "local"
     assert config["data"]["train_files"] == [str(run_dir / "data" / "copy_word" / "train.jsonl")]
 
     records = read_metrics(run_dir / "metrics.jsonl")
@@ -67,12 +68,16 @@ def test_default_run_learns_the_builtin_task(default_run):
     logs = run_dir / "logs"
     assert f"engine and library logs: {logs}" in output
     driver = (logs / "driver.log").read_text()
-    assert "Started a local Ray instance" in driver
     # What each auto became, and why, in the run's log.
     assert "rollout.engine auto -> hf on cpu: on CPUs the HF rollout" in driver
     assert "trainer.placement auto -> hybrid" in driver
-    assert "Loading weights" in (logs / "actor-0.log").read_text()  # the HF load bar of the actor worker
-    assert not (logs / "rollout-0.log").exists()  # the rollout lives in the actor's process
+    assert "trainer.backend auto -> local: the run is one process's work on a CPU" in driver
+    # No Ray: no instance started, no worker processes with logs of their own; the engines' output (the
+    # HF load bar) is the driver's.
+    assert "Ray instance" not in driver and "Loading weights" in driver
+    assert sorted(p.name for p in logs.iterdir()) == ["driver.log"]
+    # The FSDP engine's auto line, once: the local worker prints it into the driver's log itself.
+    assert driver.count("rlcore: actor: fsdp auto settings on cpu") == 1
 
 
 def test_ppo_with_a_critic_learns_the_builtin_task(tmp_path, rlcore_train):

@@ -397,9 +397,11 @@ def make_train_role(
     else:
         raise ValueError(f"trainer.backend must be 'ray' or 'local', got {backend!r}")
     # What the engine's ``auto`` settings became (rank 0 speaks for the role: its ranks share a device
-    # kind), on the driver's stderr: the run's driver.log beside the config's own ``auto`` lines.
-    for note in group.call_rank(0, "settings_notes"):
-        print(f"rlcore: {name}: {note}", file=sys.stderr, flush=True)
+    # kind), on the driver's stderr: the run's driver.log beside the config's own ``auto`` lines. A local
+    # worker printed them there itself.
+    if backend != "local":
+        for note in group.call_rank(0, "settings_notes"):
+            print(f"rlcore: {name}: {note}", file=sys.stderr, flush=True)
     return TrainRole(name, group, balance_batch=balance_batch)
 
 

@@ -293,8 +293,8 @@ class TrainWorker(Worker):
         self.notes: list[str] = []
         if choose is not None:
             config, self.notes = choose(spec, config, self.platform, dist.world_size)
-        for note in self.notes:  # stderr: this worker's log file
-            print(f"rlcore: {note}", file=sys.stderr, flush=True)
+        for note in self.notes:  # stderr: this worker's log file (the driver's, on the local backend)
+            print(f"rlcore: {role}: {note}", file=sys.stderr, flush=True)
         activation_dtype = getattr(engine_cls, "activation_dtype", None)
         spec = micro_batching.resolve(
             spec,

@@ -1,10 +1,12 @@
-"""What the config's ``auto`` values for the rollout engine and the placement become, and why.
+"""What the config's ``auto`` values for the rollout engine, the placement and the backend become, and why.
 
 ``rollout.engine: auto`` asks the device platform the run's workers will use
 (:meth:`~rlcore.api.DevicePlatform.default_rollout`: vLLM where installed on accelerators, the HF rollout on
 CPUs, where it measured faster); ``trainer.placement: auto`` builds an HF rollout inside the actor's
-processes (``hybrid``, no weight transport) whenever the layout allows it, and colocates otherwise. Each
-choice comes with a line for the run's log; a value the user names is kept as named.
+processes (``hybrid``, no weight transport) whenever the layout allows it, and colocates otherwise;
+``trainer.backend: auto`` runs a CPU run whose every role is one process's work in the driver's process
+(``local``), and starts workers on Ray otherwise. Each choice comes with a line for the run's log; a value
+the user names is kept as named.
 """
 
 from __future__ import annotations
@@ -79,6 +81,40 @@ def choose_placement(config: Any, rollout: str) -> tuple[str, str]:
     )
 
 
+def choose_backend(config: Any, placement: str) -> tuple[str, str]:
+    """``(backend, why)`` for ``trainer.backend`` with ``trainer.placement`` resolved to ``placement``.
+    ``auto``: ``local`` when the whole run is one process's work on a CPU: the HF rollout inside the actor
+    (``hybrid``), one rank for every train role, one rollout replica, no Ray cluster to join. There Ray's
+    own processes and per-call round trips made the small CPU step 1.2x slower and the run's start-up about
+    20 s longer on two cores (docs/benchmarks.md, ``grpo-step-vs-trl-cpu-small-defaults``). Else ``ray``."""
+    backend = config.trainer.backend
+    if backend != "auto":
+        return backend, f"trainer.backend {backend} (as set)"
+    blockers = []
+    if _joins_cluster(config.trainer.ray_address):
+        blockers.append("the run joins a Ray cluster")
+    platform = _platform(config.trainer.device)
+    if platform.name != "cpu":
+        blockers.append(f"the workers run on {platform.name}, where only Ray workers were measured")
+    if placement != "hybrid":
+        blockers.append(f"trainer.placement is {placement}: the rollout runs in processes of its own")
+    sizes = {
+        "actor.world_size": config.actor.world_size,
+        "critic.world_size": config.critic.world_size,
+        "reward_model.world_size": config.reward_model.world_size,
+        "rollout.num_engines": config.rollout.num_engines,
+    }
+    blockers += [f"{key} is {value}" for key, value in sizes.items() if value != 1]
+    if blockers:
+        return "ray", f"trainer.backend auto -> ray ({'; '.join(blockers)})"
+    return "local", (
+        "trainer.backend auto -> local: the run is one process's work on a CPU (one rank a role, the HF "
+        "rollout inside the actor), so every role runs in this process without Ray, whose own processes and "
+        "round trips made the small CPU step 1.2x slower and start-up 20 s longer on two cores "
+        "(docs/benchmarks.md); worker restarts (trainer.max_restarts) need trainer.backend=ray"
+    )
+
+
 def choose_rollout_dtype(config: Any) -> tuple[str | None, str | None]:
     """``(dtype, why)`` for ``rollout.dtype``; ``auto``: bfloat16 over an fp32 trainer where the device
     platform takes the fast path (:meth:`~rlcore.api.DevicePlatform.fast_training`: generation in bf16, the
@@ -98,16 +134,17 @@ def choose_rollout_dtype(config: Any) -> tuple[str | None, str | None]:
 
 
 def resolve_auto(config: Any) -> tuple[Any, list[str]]:
-    """``config`` with ``rollout.engine``, ``trainer.placement`` and ``rollout.dtype`` resolved, and the
-    lines saying why."""
+    """``config`` with ``rollout.engine``, ``trainer.placement``, ``trainer.backend`` and ``rollout.dtype``
+    resolved, and the lines saying why."""
     engine, why_engine = choose_rollout(
         config.rollout.engine, config.trainer.device, config.trainer.ray_address
     )
     placement, why_placement = choose_placement(config, engine)
+    backend, why_backend = choose_backend(config, placement)
     dtype, why_dtype = choose_rollout_dtype(config)
     resolved = attrs.evolve(
         config,
         rollout=attrs.evolve(config.rollout, engine=engine, dtype=dtype),
-        trainer=attrs.evolve(config.trainer, placement=placement),
+        trainer=attrs.evolve(config.trainer, placement=placement, backend=backend),
     )
-    return resolved, [why_engine, why_placement] + ([why_dtype] if why_dtype else [])
+    return resolved, [why_engine, why_placement, why_backend] + ([why_dtype] if why_dtype else [])

@@ -1,5 +1,5 @@
-"""``rollout.engine``, ``trainer.placement`` and ``rollout.dtype`` ``auto``: what they become and the reason
-given."""
+"""``rollout.engine``, ``trainer.placement``, ``trainer.backend`` and ``rollout.dtype`` ``auto``: what they
+become and the reason given."""
 
 from __future__ import annotations
 
@@ -51,16 +51,59 @@ def test_named_values_are_kept_and_said_to_be_as_set():
     assert (config.rollout.engine, config.trainer.placement) == ("hf", "colocated")
     assert notes[:2] == ["rollout.engine hf (as set)", "trainer.placement colocated (as set)"]
     config, notes = _load("rollout.dtype=bfloat16")
-    assert config.rollout.dtype == "bfloat16" and len(notes) == 2  # no line for a value the user set
+    assert config.rollout.dtype == "bfloat16" and len(notes) == 3  # no line for a value the user set
+
+
+def test_on_a_cpu_a_one_process_run_runs_without_ray_and_says_why():
+    config, notes = _load()
+    assert config.trainer.backend == "local"
+    assert notes[2].startswith("trainer.backend auto -> local: the run is one process's work on a CPU")
+    assert "trainer.max_restarts" in notes[2]  # what the user gives up, and how to get it back
+    # PPO's critic is a train role of one rank too: still one process.
+    assert _load("algorithm.name=ppo")[0].trainer.backend == "local"
+
+
+@pytest.mark.parametrize(
+    ("overrides", "reason"),
+    [
+        (
+            ("trainer.placement=colocated",),
+            "trainer.placement is colocated: the rollout runs in processes of its own",
+        ),
+        (
+            ("trainer.mode=one_step_off",),
+            "trainer.placement is colocated: the rollout runs in processes of its own",
+        ),
+        (("actor.world_size=2",), "actor.world_size is 2"),
+        (("actor.world_size=2", "rollout.num_engines=2"), "actor.world_size is 2; rollout.num_engines is 2"),
+        (("critic.world_size=2",), "critic.world_size is 2"),
+        (("reward_model.world_size=2",), "reward_model.world_size is 2"),
+        (
+            ("trainer.device=fake", "rollout.engine=hf"),
+            "the workers run on fake, where only Ray workers were measured",
+        ),
+        (("trainer.ray_address=10.0.0.1:6379", "rollout.engine=hf"), "the run joins a Ray cluster"),
+    ],
+)
+def test_auto_backend_is_ray_where_the_run_is_more_than_one_process(overrides, reason):
+    config, notes = _load(*overrides)
+    assert config.trainer.backend == "ray"
+    assert notes[2] == f"trainer.backend auto -> ray ({reason})"
+
+
+def test_a_named_backend_is_kept():
+    for backend in ("ray", "local"):
+        config, notes = _load(f"trainer.backend={backend}")
+        assert config.trainer.backend == backend and notes[2] == f"trainer.backend {backend} (as set)"
 
 
 def test_rollout_dtype_auto_is_the_model_dtype_on_cpus():
     config, notes = _load()
     assert config.rollout.dtype == "float32"
-    assert notes[2].startswith("rollout.dtype auto -> float32 (model.dtype float32): on CPUs")
+    assert notes[3].startswith("rollout.dtype auto -> float32 (model.dtype float32): on CPUs")
     config, notes = _load("model.dtype=bfloat16")
     assert config.rollout.dtype == "bfloat16"
-    assert notes[2] == "rollout.dtype auto -> bfloat16 (model.dtype)"
+    assert notes[3] == "rollout.dtype auto -> bfloat16 (model.dtype)"
 
 
 def test_rollout_dtype_auto_is_bf16_where_the_platform_takes_the_fast_path(monkeypatch):
@@ -69,7 +112,7 @@ def test_rollout_dtype_auto_is_bf16_where_the_platform_takes_the_fast_path(monke
     monkeypatch.setattr(FakeDevicePlatform, "fast_training", lambda self: (True, "a test accelerator"))
     config, notes = _load("trainer.device=fake")
     assert config.rollout.dtype == "bfloat16"
-    assert notes[2] == "rollout.dtype auto -> bfloat16 (model.dtype float32): a test accelerator"
+    assert notes[3] == "rollout.dtype auto -> bfloat16 (model.dtype float32): a test accelerator"
 
 
 def test_joining_a_cluster_does_not_guess_its_devices_from_this_machine(monkeypatch):
@@ -91,5 +134,9 @@ def test_a_device_platforms_own_choice_is_asked():
 
 def test_a_config_built_in_code_is_resolved_the_same_way():
     config, notes = resolve_auto(RLConfig())
-    assert (config.rollout.engine, config.trainer.placement) == ("hf", "hybrid")
+    assert (config.rollout.engine, config.trainer.placement, config.trainer.backend) == (
+        "hf",
+        "hybrid",
+        "local",
+    )
     assert notes == _load()[1]
