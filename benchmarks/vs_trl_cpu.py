@@ -57,11 +57,13 @@ SIZES = {"tiny": (2, 2, 8), "small": (8, 4, 32), "large": (64, 8, 128)}
 SYSTEMS = ("trl", "rlcore-vllm", "rlcore-hf", "rlcore-hybrid", "rlcore-defaults")
 #: rlcore's systems: ``--rollout`` and extra overrides. ``hybrid``: the HF rollout built inside the actor's
 #: Ray actor (``trainer.placement=hybrid``), loading its weights there, as TRL generates with the model it
-#: trains. ``defaults``: what ``rlcore train`` picks on this machine (``auto`` rollout and placement).
+#: trains, on Ray (the CPU defaults before ``trainer.backend: auto``). ``defaults``: what ``rlcore train``
+#: picks on this machine (``auto`` rollout, placement and backend: on a CPU, the hybrid layout with every
+#: role in the ``rlcore`` process, no Ray).
 RLCORE_SYSTEMS = {
     "rlcore-vllm": ("vllm", ["trainer.placement=colocated"]),
     "rlcore-hf": ("hf", ["trainer.placement=colocated"]),
-    "rlcore-hybrid": ("hf", ["trainer.placement=hybrid"]),
+    "rlcore-hybrid": ("hf", ["trainer.placement=hybrid", "trainer.backend=ray"]),
     "rlcore-defaults": ("auto", []),
 }
 LR = 1e-3
@@ -380,7 +382,12 @@ def run_one(system: str, size: str, steps: int, repeat: int, args, inputs: dict)
         import yaml
 
         config = yaml.safe_load((run_dir / "config.yaml").read_text())
-        row.update(rollout_engine=config["rollout"]["engine"], placement=config["trainer"]["placement"])
+        trainer = config["trainer"]
+        row.update(
+            rollout_engine=config["rollout"]["engine"],
+            placement=trainer["placement"],
+            backend=trainer["backend"],
+        )
     row["error"] = None if measured["returncode"] == 0 and len(per_step) == steps else log_tail(log)
     return row
 

@@ -104,11 +104,11 @@ def test_vs_trl_cpu_tiny_runs_trl_and_rlcore_and_pairs_their_step_times(tmp_path
         assert run["error"] is None, run
         assert [s["step"] for s in run["per_step"]] == [1, 2]
         assert all(s["s"] > 0 and 0 <= s["reward"] <= 1 for s in run["per_step"])
-        # the rlcore tree is the driver plus Ray's processes (the rollout inside the actor's): far above one process
-        assert run["peak_rss_bytes"] > (1 << 30 if run["system"] == "rlcore-defaults" else 100 << 20)
-    # rlcore train's defaults on a CPU: the HF rollout inside the actor's process
+        # the process tree is measured: torch and a model in it, whichever system
+        assert run["peak_rss_bytes"] > 100 << 20
+    # rlcore train's defaults on a CPU: the HF rollout inside the actor, every role in the rlcore process
     (ours,) = [r for r in record["runs"] if r["system"] == "rlcore-defaults"]
-    assert (ours["rollout_engine"], ours["placement"]) == ("hf", "hybrid")
+    assert (ours["rollout_engine"], ours["placement"], ours["backend"]) == ("hf", "hybrid", "local")
     assert record["summary"]["rlcore-defaults"]["ratio_to_trl"] > 0
     assert (out / "tiny-rewards.png").stat().st_size > 0
 
