@@ -133,12 +133,10 @@ def choose_rollout_dtype(config: Any) -> tuple[str | None, str | None]:
     return chosen, f"rollout.dtype auto -> {chosen} (model.dtype float32): {why}"
 
 
-def resolve_auto(config: Any) -> tuple[Any, list[str]]:
-    """``config`` with ``rollout.engine``, ``trainer.placement``, ``trainer.backend`` and ``rollout.dtype``
-    resolved, and the lines saying why."""
-    engine, why_engine = choose_rollout(
-        config.rollout.engine, config.trainer.device, config.trainer.ray_address
-    )
+def resolve_layout(config: Any, engine: str) -> tuple[Any, list[str]]:
+    """``config`` with ``rollout.engine`` set to ``engine`` (already resolved) and ``trainer.placement``,
+    ``trainer.backend`` and ``rollout.dtype`` resolved, and the lines saying why: what
+    :func:`resolve_auto` and :func:`rlcore.config.load_config` share once the engine is known."""
     placement, why_placement = choose_placement(config, engine)
     backend, why_backend = choose_backend(config, placement)
     dtype, why_dtype = choose_rollout_dtype(config)
@@ -147,4 +145,14 @@ def resolve_auto(config: Any) -> tuple[Any, list[str]]:
         rollout=attrs.evolve(config.rollout, engine=engine, dtype=dtype),
         trainer=attrs.evolve(config.trainer, placement=placement, backend=backend),
     )
-    return resolved, [why_engine, why_placement, why_backend] + ([why_dtype] if why_dtype else [])
+    return resolved, [why_placement, why_backend] + ([why_dtype] if why_dtype else [])
+
+
+def resolve_auto(config: Any) -> tuple[Any, list[str]]:
+    """``config`` with ``rollout.engine``, ``trainer.placement``, ``trainer.backend`` and ``rollout.dtype``
+    resolved, and the lines saying why."""
+    engine, why_engine = choose_rollout(
+        config.rollout.engine, config.trainer.device, config.trainer.ray_address
+    )
+    resolved, notes = resolve_layout(config, engine)
+    return resolved, [why_engine, *notes]

@@ -18,7 +18,7 @@ import yaml
 from omegaconf import OmegaConf
 from omegaconf.errors import OmegaConfBaseException
 
-from rlcore.config.auto import choose_backend, choose_placement, choose_rollout, choose_rollout_dtype
+from rlcore.config.auto import choose_rollout, resolve_layout
 from rlcore.config.names import NAMED_KEYS, check_names, name_error
 from rlcore.config.schema import FieldValueError, RLConfig
 from rlcore.plugins import registry
@@ -239,16 +239,9 @@ def load_config(
     errors += [e for name in sections for e in _run_errors(config.plugins[name], config)]
     if errors:
         raise invalid_config(errors)
-    placement, why_placement = choose_placement(config, rollout_name)
-    backend, why_backend = choose_backend(config, placement)
-    dtype, why_dtype = choose_rollout_dtype(config)
-    config = attrs.evolve(
-        config,
-        trainer=attrs.evolve(config.trainer, placement=placement, backend=backend),
-        rollout=attrs.evolve(config.rollout, dtype=dtype),
-    )
+    config, layout_notes = resolve_layout(config, rollout_name)
     if notes is not None:
-        notes.extend([why_rollout, why_placement, why_backend] + ([why_dtype] if why_dtype else []))
+        notes.extend([why_rollout, *layout_notes])
     return config
 
 
