@@ -75,3 +75,11 @@ def register_tools(register):
     """Register tools an agent may call (:class:`rlcore.agents.Tool` subclasses), by the name the model
     calls them with: ``register("calculator", "rlcore.agents.builtin_tools:Calculator")``. Runs select
     them with ``agent.tools``."""
+
+
+@hookspec
+def register_stream_policies(register):
+    """Register the policies that pick which finished groups a ``trainer.mode: stream`` step trains on
+    (:class:`rlcore.stream.StreamPolicy`: a class whose ``select(finished, need, version)`` returns the
+    groups): ``register("fifo", "rlcore.stream.policies:Fifo")``. Runs select one with
+    ``trainer.stream.policy``."""

@@ -57,7 +57,7 @@ def _platform(device: str) -> Any:
 def choose_placement(config: Any, rollout: str) -> tuple[str, str]:
     """``(placement, why)`` for ``trainer.placement`` with rollout engine ``rollout`` resolved. ``auto``:
     ``hybrid`` for the HF rollout when each replica can live in an actor rank's process (one device a
-    replica, no more replicas than actor ranks, the synchronous mode, no named transport), else
+    replica, no more replicas than actor ranks, the synchronous or stream mode, no named transport), else
     ``colocated``."""
     placement = config.trainer.placement
     if placement != "auto":
@@ -69,7 +69,7 @@ def choose_placement(config: Any, rollout: str) -> tuple[str, str]:
         blockers.append("rollout.tensor_parallel_size is not 1")
     if config.rollout.num_engines > config.actor.world_size:
         blockers.append("rollout.num_engines exceeds actor.world_size")
-    if config.trainer.mode != "sync":
+    if config.trainer.mode not in ("sync", "stream"):  # the stream runs its rounds in turn with the updates
         blockers.append(f"trainer.mode is {config.trainer.mode}")
     if config.transport.name not in ("auto", "inprocess"):
         blockers.append(f"transport.name is {config.transport.name}")

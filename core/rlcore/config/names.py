@@ -30,6 +30,7 @@ NAMED_KEYS: dict[str, tuple[str, tuple[str, ...]]] = {
     "transport.name": ("weight_transports", ("auto",)),
     "trainer.device": ("device_platforms", ("auto",)),
     "agent.tools": ("tools", ()),  # a list: each entry is checked
+    "trainer.stream.policy": ("stream_policies", ()),
 }
 
 

@@ -336,6 +336,18 @@ class SFTConfig:
     max_response_length: int = attrs.field(default=1024, validator=_positive)
 
 
+@attrs.define
+class StreamConfig:
+    """``trainer.mode: stream``: the rollout stream that outlives a step (docs/async.md)."""
+
+    #: Groups in flight beyond the training batch (``null``: one more batch, ``data.train_batch_size``, as
+    #: verl's one-pool mode keeps the next batch in flight). 0: only the batch; nothing is carried over.
+    over_sampling: int | None = attrs.field(default=None, validator=attrs.validators.optional(_non_negative))
+    #: Which finished groups a step trains on: a registered stream policy (``fifo``: oldest admitted
+    #: first; ``finish_order``: the first to finish). Plugins add more (hook ``register_stream_policies``).
+    policy: str = "fifo"
+
+
 @attrs.define(kw_only=True)
 class TrainerConfig:
     """The run: length, placement, logging, checkpoints."""
@@ -362,15 +374,29 @@ class TrainerConfig:
     #: ``max_staleness`` policy versions, and with ``partial_rollout`` responses continue across weight
     #: updates. Both overlapping modes need the rollout on devices of its own (``placement: split``) where
     #: devices have memory apart from the host's (docs/async.md).
-    mode: str = attrs.field(default="sync", validator=_one_of("sync", "one_step_off", "async"))
-    #: ``async``: how many policy versions a trained sample may lag the weights being updated (0: on-policy,
-    #: the synchronous run's samples); generation waits rather than break the bound.
-    max_staleness: int = attrs.field(default=1, validator=_non_negative)
+    #: ``stream``: rollouts outlive a step: requests stay in flight across steps, a step trains on the first
+    #: ``data.train_batch_size`` groups to finish (``trainer.stream``) and unfinished ones continue under the
+    #: new weights; it runs on one shared pool (colocated or hybrid placement, GPUs included).
+    mode: str = attrs.field(default="sync", validator=_one_of("sync", "one_step_off", "async", "stream"))
+    #: ``async`` and ``stream``: how many policy versions a trained sample may lag the weights being updated
+    #: (0: on-policy, the synchronous run's samples); ``async`` generation waits rather than break the bound,
+    #: ``stream`` drops the group and generates its prompt again (``stream/dropped_stale``). ``null``: 1 in
+    #: ``async``; 4 in ``stream``, where a long group lives through a few steps (at one batch of
+    #: over-sampling a group stays two steps on average).
+    max_staleness: int | None = attrs.field(default=None, validator=attrs.validators.optional(_non_negative))
     #: ``async``: generate in chunks of ``rollout_chunk_tokens`` and let a weight update land between
     #: chunks: responses in flight continue under the new weights (each token records its version).
     partial_rollout: bool = False
-    #: ``async`` with ``partial_rollout``: tokens per response per generate call.
+    #: ``async`` with ``partial_rollout``, and ``stream``: tokens per response per generate call (a
+    #: ``stream`` step's cut falls between two such rounds).
     rollout_chunk_tokens: int = attrs.field(default=256, validator=_positive)
+    #: ``trainer.mode: stream``: how many groups are in flight and which finished ones a step trains on.
+    stream: StreamConfig = attrs.Factory(lambda: StreamConfig())
+    #: ``one_step_off`` and ``async``: ``free`` lets the rollout thread run as far ahead as the staleness
+    #: bound allows (what is trained when then depends on timing); ``lockstep`` makes step ``k`` generate
+    #: under version ``k - 1 - max_staleness`` exactly, the trainer's sync waiting for that generation to end,
+    #: so the same command trains the same samples twice (the suite's asynchronous tests use it).
+    schedule: str = attrs.field(default="free", validator=_one_of("free", "lockstep"))
     #: Overlapping modes: seconds the trainer waits for a generated batch before it stops the run with an
     #: error naming the rollout (a live rollout that is only slow: raise it).
     rollout_wait_timeout_s: float = 1800.0

@@ -159,11 +159,24 @@ def logprob_diff_threshold(config: Any) -> float | None:
     return LOGPROB_DIFF_BY_DTYPE[dtype]
 
 
+#: ``trainer.max_staleness: null`` by mode.
+DEFAULT_STALENESS = {"async": 1, "stream": 4}
+
+
 def max_staleness(config: Any) -> int:
     """How many policy versions a trained sample may lag: 0 in ``sync`` mode, 1 in ``one_step_off``,
-    ``trainer.max_staleness`` in ``async``."""
-    mode = config.trainer.mode
-    return {"sync": 0, "one_step_off": 1}.get(mode, config.trainer.max_staleness)
+    ``trainer.max_staleness`` in ``async`` and ``stream`` (``null``: :data:`DEFAULT_STALENESS`)."""
+    mode, chosen = config.trainer.mode, config.trainer.max_staleness
+    if mode in ("sync", "one_step_off"):
+        return {"sync": 0, "one_step_off": 1}[mode]
+    return DEFAULT_STALENESS[mode] if chosen is None else chosen
+
+
+def stream_over_sampling(config: Any) -> int:
+    """Groups the stream keeps in flight beyond the batch: ``trainer.stream.over_sampling``, ``null``:
+    ``data.train_batch_size``."""
+    chosen = config.trainer.stream.over_sampling
+    return config.data.train_batch_size if chosen is None else chosen
 
 
 def off_policy_correction(config: Any) -> str:

@@ -187,6 +187,18 @@ class RLDataset:
             "index": int(self._index[i]),
         }
 
+    def position(self, index: int) -> int:
+        """The position ``i`` (``self[i]``) of the sample whose ``index`` field is ``index``."""
+        if not hasattr(self, "_positions"):
+            self._positions = {int(x): i for i, x in enumerate(self._index)}
+        try:
+            return self._positions[int(index)]
+        except KeyError:
+            raise KeyError(
+                f"no sample with index {index} in the {self.split} data (it has {len(self)} samples): the data "
+                "files changed since the checkpoint that names it was written"
+            ) from None
+
     def where(self, index: int) -> str:
         """Where global row ``index`` (the ``index`` field of a sample) came from: file, row and line."""
         k = int(np.searchsorted(self._offsets, index, side="right")) - 1

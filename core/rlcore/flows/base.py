@@ -24,6 +24,18 @@ class Flow(Algorithm):
         # padded to different widths share one scale.
         self.actor_loss = ActorLoss.from_preset(preset, loss_scale_factor=config.rollout.max_response_length)
 
+    def score_generated(self, ctx: Any, batch: Batch) -> Batch:
+        """Score generated rows (``trainer.mode: stream`` calls it on each round's finished groups; the
+        algorithm's collect does the same after generate). Default: the reward provider's score."""
+        from rlcore.flows.phases import score
+
+        return score(ctx, batch)
+
+    def keep_group(self, ctx: Any, group: Batch) -> bool:
+        """Whether a scored group (its ``rollout.n`` rows) may be trained; ``False`` drops it and the stream
+        generates another in its place (dynamic sampling). Default: every group."""
+        return True
+
     def step(self, ctx: Any, prompts: Batch) -> dict[str, float]:
         from rlcore.flows.phases import sync_weights
 

@@ -93,10 +93,20 @@ class DAPO(Flow):
         self.buffer_len = overlong_buffer_len(preset, config.rollout.max_response_length)
 
     def generate_and_score(self, ctx: StepContext, prompts: Batch) -> Batch:
-        batch = score(ctx, generate(ctx, prompts))
+        return self.score_generated(ctx, generate(ctx, prompts))
+
+    def score_generated(self, ctx: StepContext, batch: Batch) -> Batch:
+        batch = score(ctx, batch)
         if self.preset.overlong_buffer.enable:
             batch = shape_overlong(ctx, batch, self.buffer_len)
         return batch
+
+    def keep_group(self, ctx: StepContext, group: Batch) -> bool:
+        """With dynamic sampling, only groups whose ``filter_groups.metric`` varies (the stream's refill)."""
+        if not self.preset.filter_groups.enable:
+            return True
+        values = filter_metric(group, self.preset.filter_groups.metric)
+        return len(values) == 1 or max(values) != min(values)  # as filter_groups decides
 
     def dynamic_sample(self, ctx: StepContext, prompts: Batch) -> Batch:
         """Generation batches until ``len(prompts)`` groups with varied rewards are kept (the refills

@@ -36,7 +36,7 @@ import torch
 
 from rlcore.algorithms import compute_advantage
 from rlcore.algorithms.kl import apply_kl_penalty
-from rlcore.api import Batch
+from rlcore.api import Batch, Completion
 from rlcore.config.specs import logprob_diff_threshold, off_policy_correction, rollout_dtype_name
 from rlcore.flows.context import StepContext
 from rlcore.rollout.batching import completions_to_batch
@@ -86,13 +86,21 @@ def generate(
             )
         else:
             completions = ctx.rollout.generate(prompt_token_ids(prompts), params)
+    return assemble_generated(ctx, prompts, completions)
+
+
+def assemble_generated(ctx: StepContext, prompts: Batch, completions: list[list[Completion]]) -> Batch:
+    """The generated batch of ``prompts`` (``B`` rows, each carrying ``uid``) and their ``completions``
+    (``B`` lists of ``n``): ``B * n`` rows, prompt-major, each with its prompt's objects and non-layout
+    tensors, plus ``agent/*`` metrics for multi-turn episodes (what :func:`generate` returns)."""
     batch = completions_to_batch(completions, ctx.pad_token_id)
     texts = batch.objects["response_text"]
     flat = [c for group in completions for c in group]
     for i, c in enumerate(flat):
         if not texts[i] and c.token_ids:  # an engine without a tokenizer returns token ids only
             texts[i] = ctx.tokenizer.decode(c.token_ids, skip_special_tokens=True)
-    expanded = prompts.repeat(params.n, interleave=True)
+    n = len(completions[0]) if completions else 1
+    expanded = prompts.repeat(n, interleave=True)
     for key, values in expanded.objects.items():
         batch.objects.setdefault(key, values)
     for key, values in expanded.tensors.items():

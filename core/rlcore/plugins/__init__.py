@@ -50,6 +50,7 @@ DEFAULT_PLUGINS = (
     "rlcore.builtin.flows",
     "rlcore.builtin.sandboxes",
     "rlcore.builtin.tools",
+    "rlcore.builtin.stream_policies",
     "rlcore.testing.plugin",
 )
 
@@ -66,6 +67,7 @@ KINDS: dict[str, tuple[str, str, str | None]] = {
     "register_device_platforms": ("device_platforms", "device platform", "pip install rlcore-{name}"),
     "register_sandboxes": ("sandboxes", "sandbox", None),
     "register_tools": ("tools", "tool", None),
+    "register_stream_policies": ("stream_policies", "stream policy", None),
 }
 
 

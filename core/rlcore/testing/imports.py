@@ -51,7 +51,7 @@ CORE_LAYERS: tuple[tuple[str, tuple[str, ...]], ...] = (
     ),
     ("assembly", ("rlcore.config", "rlcore.builtin")),
     ("cluster", ("rlcore.cluster",)),
-    ("flows", ("rlcore.flows",)),
+    ("flows", ("rlcore.flows", "rlcore.stream")),
     ("trainer", ("rlcore.trainer",)),
     ("cli", ("rlcore.cli",)),
 )

@@ -21,11 +21,12 @@ import attrs
 
 from rlcore.api import Batch
 from rlcore.cluster.roles import AdapterOffReference
-from rlcore.config.specs import max_staleness, rollout_chunk_tokens
+from rlcore.config.specs import max_staleness, rollout_chunk_tokens, stream_over_sampling
 from rlcore.flows import resolve_preset
 from rlcore.flows.context import MemoryPlan, StepContext
 from rlcore.flows.phases import generate, score, sync_weights
 from rlcore.rollout.partial import PolicyClock, VersionedRollout
+from rlcore.stream import STREAM_FILE, RolloutStream
 from rlcore.telemetry.loggers import MetricsLogger, build_loggers, check_logger_names
 from rlcore.telemetry.metrics import mean_by, throughput
 from rlcore.telemetry.samples import SAMPLES_FILE, TrainedSamples
@@ -148,6 +149,9 @@ class Trainer:
         self.samples = TrainedSamples(self.run_dir / SAMPLES_FILE, keep_through=self.step)
         self.ctx.timeline = Timeline(self.run_dir / TIMELINE_FILE, self._role_ranks())
         self._overlap_setup()
+        self.stream = self._stream_setup()
+        if self.resumed_from is not None and self.stream is not None:
+            self.stream.load_state_dict(ckpt.load_state(self.resumed_from).get("stream") or {"pending": [], "seq": 0})
         self.sinks = build_loggers(
             cfg.trainer.loggers,
             self.run_dir,
@@ -195,6 +199,47 @@ class Trainer:
         self.clock = PolicyClock(self.step)
         self.ctx.rollout = VersionedRollout(
             self.ctx.rollout, self.clock, rollout_chunk_tokens(self.config), self.tokenizer
+        )
+
+    def _stream_setup(self) -> RolloutStream | None:
+        """For ``trainer.mode: stream``: the rollout stream (:mod:`rlcore.stream`) over this run's prompts."""
+        from rlcore.plugins import registry
+
+        cfg = self.config
+        if cfg.trainer.mode != "stream":
+            return None
+        for needed in ("learn", "score_generated", "keep_group"):
+            if not callable(getattr(self.algorithm, needed, None)):
+                raise ValueError(
+                    f"trainer.mode=stream trains on groups the stream generated and scored, which needs the "
+                    f"algorithm's learn(ctx, batch), score_generated(ctx, batch) and keep_group(ctx, group) "
+                    f"(rlcore.flows.base.Flow has them); algorithm {cfg.algorithm.name!r} "
+                    f"({type(self.algorithm).__module__}) lacks {needed}. Set trainer.mode=sync (docs/async.md)"
+                )
+        if self.preset.adv_estimator == "remax":
+            raise ValueError(
+                "trainer.mode=stream does not run ReMax: its greedy baseline is generated beside each batch, "
+                "which the stream does not do. Set trainer.mode=sync"
+            )
+        dataset = self.train_loader.dataset
+
+        def rows(indices: list[int]) -> list[Batch]:
+            return [self.train_loader.collate([dataset[dataset.position(i)]]) for i in indices]
+
+        agent = cfg.agent if cfg.agent.enabled else None
+        return RolloutStream(
+            batch_size=cfg.data.train_batch_size,
+            over_sampling=stream_over_sampling(cfg),
+            chunk_tokens=cfg.trainer.rollout_chunk_tokens,
+            max_staleness=max_staleness(cfg),
+            policy=registry("stream_policies").get(cfg.trainer.stream.policy)(),
+            draw=self.next_prompts,
+            rows=rows,
+            finish=self.algorithm.score_generated,
+            keep=self.algorithm.keep_group,
+            agent=agent,
+            log_path=self.run_dir / STREAM_FILE,
+            origin=self.ctx.timeline.origin,
         )
 
     def _rule_reward(self) -> Any:
@@ -282,6 +327,7 @@ class Trainer:
             loader_state=self.train_loader.state_dict,
         )
         producer.start()
+        self._producer = producer
         last = time.perf_counter()
         try:
             while self.step < stop:
@@ -306,7 +352,7 @@ class Trainer:
         cfg = self.config.trainer
         ctx = self.ctx
         if produced is None:
-            prompts = self.next_prompts()
+            prompts = None if self.stream is not None else self.next_prompts()
             self.step += 1
             ctx.begin_step(self.step)
         else:
@@ -319,12 +365,21 @@ class Trainer:
         for group in profiled:
             group.call_all("profile_start")
         start = time.perf_counter() if since is None else since
-        if produced is None:
+        if self.stream is not None:
+            # The stream's groups, then the update and the sync: the next step's rounds continue what is
+            # in flight under the new weights (rlcore.stream).
+            metrics = dict(self.algorithm.learn(ctx, self.stream.collect(ctx)))
+            sync_weights(ctx)
+            self._loader_state = self.train_loader.state_dict()  # what was drawn is the stream's to keep
+        elif produced is None:
             metrics = dict(self.algorithm.step(ctx, prompts))
             self._loader_state = self.train_loader.state_dict()  # after any refills (DAPO) too
         else:
             ctx.record(produced.metrics)
             metrics = dict(self.algorithm.learn(ctx, produced.batch))
+            if cfg.schedule == "lockstep":  # the batch sampled under the version this sync replaces
+                due = min(self.step + max_staleness(self.config), self._producer.last)
+                self._producer.wait_produced(due, cfg.rollout_wait_timeout_s)
             with self.clock.syncing():
                 sync_weights(ctx)
             self.clock.advance(self.step)
@@ -336,6 +391,9 @@ class Trainer:
         metrics.update(ctx.metrics)
         metrics.update(ctx.timer.metrics())
         metrics["timing/step"] = step_s
+        if self.stream is not None and step_s > 0:
+            # One pool: the rollout idles while the roles it shares the devices with train and sync.
+            metrics["stream/rollout_idle_share"] = max(0.0, 1.0 - metrics.get("timing/generate", 0.0) / step_s)
         if ctx.trained is not None:
             self.samples.write(self.step, self.step - 1, ctx.trained)
         # Inside the phases' times (each phase moves memory as it starts): what colocation costs.
@@ -455,6 +513,8 @@ class Trainer:
             "rng": ckpt.rng_state(),
             "kl_coef": None if self.ctx.kl_ctrl is None else self.ctx.kl_ctrl.value,
             "history": [dict(r) for r in self.history],
+            # The stream's prompts drawn but not trained: a resumed run generates them again first.
+            "stream": None if self.stream is None else self.stream.state_dict(),
         }
 
     def save(self) -> Path:

@@ -15,6 +15,12 @@ under that version may finish under a later one; its oldest token still bounds i
 ``S = 0`` the rollout thread generates each batch after the previous update's sync, from the same seeds,
 so the run is the synchronous one.
 
+``trainer.schedule: free`` lets the rollout run as far ahead as the bound allows, so which version a
+batch is sampled under depends on the threads' speeds. ``lockstep`` pins it: the trainer's sync to version
+``v + 1`` waits until step ``v + 1 + S``'s batch is generated, so step ``k`` is always sampled under version
+``k - 1 - S`` exactly, and the same command trains the same samples twice (generation of step ``k + S``
+still overlaps step ``k``'s update).
+
 Prompts are drawn in step order by the rollout thread alone, and each produced batch carries the prompt
 loader's state after its prompts: a checkpoint saves the state of the last *trained* batch, so a resumed
 run regenerates the batches that were generated but not trained, and no prompt is trained twice or lost.
@@ -79,6 +85,9 @@ class Producer(threading.Thread):
         self.next_prompts, self.loader_state = next_prompts, loader_state
         self._queue: queue.Queue[Produced | BaseException] = queue.Queue()
         self._stopping = threading.Event()
+        #: the last step whose batch is generated (the lockstep schedule's trainer waits on it)
+        self.produced = first - 1
+        self._produced_changed = threading.Condition()
 
     def run(self) -> None:
         try:
@@ -99,8 +108,30 @@ class Producer(threading.Thread):
                 }
                 state = self.loader_state()
                 self._queue.put(Produced(step, batch, metrics, ctx.counter, state, ctx.version))
+                with self._produced_changed:
+                    self.produced = step
+                    self._produced_changed.notify_all()
         except BaseException as exc:  # handed to the trainer thread, which raises it
             self._queue.put(exc)
+        finally:
+            with self._produced_changed:  # a waiting trainer sees the end (and then the error, if any)
+                self._produced_changed.notify_all()
+
+    def wait_produced(self, step: int, timeout_s: float) -> None:
+        """Block until step ``step``'s batch is generated (``trainer.schedule: lockstep``: the trainer's
+        sync to the version after step ``step - S`` waits for it, so that batch is sampled under exactly
+        version ``step - 1 - S``, whatever the two threads' speeds). Returns early if the thread ended; the
+        trainer's next :meth:`take` raises its error."""
+        deadline = time.monotonic() + timeout_s
+        with self._produced_changed:
+            while self.produced < step and self.is_alive():
+                left = deadline - time.monotonic()
+                if left <= 0:
+                    raise TimeoutError(
+                        f"lockstep schedule: step {step}'s batch was not generated after {timeout_s:.0f} s; "
+                        "if the rollout is only slow, raise trainer.rollout_wait_timeout_s"
+                    )
+                self._produced_changed.wait(min(left, 0.5))
 
     def take(self, step: int, timeout_s: float, rollout_name: str) -> Produced:
         """Step ``step``'s batch, waiting for it; the rollout thread's error is raised here. A thread that
