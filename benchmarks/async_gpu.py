@@ -27,21 +27,41 @@ Configurations (``--config``), on ``--gpus`` GPUs, ``--rollout-gpus`` of them th
 - ``one-step-off``: split, ``trainer.mode=one_step_off`` (staleness 1);
 - ``async``: split, ``trainer.mode=async trainer.max_staleness=2 trainer.partial_rollout=true``
   (chunks of ``trainer.rollout_chunk_tokens=512``);
-- ``async-s2``: split, ``trainer.mode=async trainer.max_staleness=2`` without partial rollouts.
+- ``async-s2``: split, ``trainer.mode=async trainer.max_staleness=2`` without partial rollouts;
+- ``colocated-stream``: every role on every GPU (also ``--gpus 1``), ``trainer.mode=stream``: rollouts that
+  outlive a step on the one shared pool, everything of the mode at its defaults
+  (``trainer.stream.over_sampling``, ``trainer.stream.policy``, ``trainer.max_staleness``,
+  ``trainer.rollout_chunk_tokens``: core resolves them).
 
 Every run uses the same training settings (``TUNED``: the FSDP fast path of the GRPO step rows without
-``fsdp.compile``) unless ``--defaults``. The metric is trained tokens per second: prompt + response
-tokens of the trained batches (``tokens/total``) over the wall seconds of the steady-state steps (steps
-``--steady-from`` .. ``--steps``; ``timing/step``, which in the overlapping modes is the wall time between
-the ends of consecutive steps). Reported: that aggregate, and the median, min and max of the per-step
-values. Each run writes ``<out>/<run>_<shape>.json`` (summary and every step's metrics) and copies the
-run's ``timeline.jsonl`` and ``timeline.png`` beside it; ``<out>/comparison_<shape>.json`` gathers every run
-of the shape and compares the best synchronous configuration with the best overlapping one.
+``fsdp.compile``, and ``grpo_step_gpu.SETTINGS``: precision, packing, the rollout's dtype and memory share)
+unless ``--defaults``: then the command holds the workload, the placement and GPU counts and the mode alone,
+and ``rlcore train`` decides the rest as a user's run does (``colocated-stream-vs-sync-throughput-*-1gpu``:
+"at the defaults except the mode").
+
+Length of a run: ``--steps`` steps are timed. With ``--total-steps`` above it (``trainer.total_steps``),
+the run is stopped (SIGINT, as Ctrl-C) once ``--steps`` steps are logged: no end-of-run checkpoint, and no
+last step in which a stream drains its groups in flight. ``--max-response`` caps the geometric lengths
+(2048 by default; 8192: mean ~684, essentially none at the cap, the longest of 64 responses ~3,240 on
+average: ``expected_lengths`` reports the distribution for the cap and the step's responses).
+
+The metric is trained tokens per second: prompt + response tokens of the trained batches (``tokens/total``)
+over the wall seconds of the steady-state steps (steps ``--steady-from`` .. ``--steps``; ``timing/step``,
+which in the overlapping modes is the wall time between the ends of consecutive steps). Reported: that
+aggregate, and the median, min and max of the per-step values. Each run writes
+``<out>/<run>_<shape>.json`` (summary and every step's metrics) and copies the run's ``timeline.jsonl`` and
+``timeline.png`` beside it; ``<out>/comparison_<shape>.json`` gathers every run of the shape and compares
+the best synchronous configuration with the best overlapping one, and ``colocated-stream`` with
+``colocated-sync`` (trained tokens per second, streaming / synchronous: the rows
+``colocated-stream-vs-sync-throughput-<shape>-<gpus>gpu``). Metrics named ``stream/*`` (the stream mode's
+own) are kept with the medians of every run that logs them.
 
     python benchmarks/async_gpu.py --shape 0.5B --config colocated-sync --out /tmp/res/async
     python benchmarks/async_gpu.py --shape 0.5B --config one-step-off --out /tmp/res/async
     python benchmarks/async_gpu.py --report --shape 0.5B --out /tmp/res/async
     python benchmarks/async_gpu.py --dry-run --config async --out /tmp/x   # print the command only
+    python benchmarks/async_gpu.py --dry-run --config colocated-stream --gpus 1 --defaults --prompts 8 \
+        --max-response 8192 --steps 3 --total-steps 5 --out /tmp/x
 """
 
 from __future__ import annotations
@@ -52,6 +72,7 @@ import math
 import os
 import random
 import shutil
+import signal
 import statistics
 import subprocess
 import sys
@@ -90,7 +111,17 @@ CONFIGS: dict[str, dict] = {
         ),
     },
     "async-s2": {"placement": "split", "mode": ("trainer.mode=async", "trainer.max_staleness=2")},
+    # The stream mode's own keys (trainer.stream.over_sampling, .policy, max_staleness, rollout_chunk_tokens)
+    # are left to core: the rows compare the mode at its defaults.
+    "colocated-stream": {"placement": "colocated", "mode": ("trainer.mode=stream",)},
 }
+SYNC, STREAM = "colocated-sync", "colocated-stream"
+#: The row that compares them (``stream_vs_sync``), by shape and GPU count.
+STREAM_ROW = "colocated-stream-vs-sync-throughput-{shape}-{gpus}gpu"
+#: Metric prefixes whose every key is kept with the medians (besides ``KEPT``): the stream mode's own.
+KEPT_PREFIXES = ("stream/",)
+#: Seconds a stopped run (``--total-steps`` above ``--steps``) gets to wind down before it is killed.
+STOP_GRACE_S = 20
 #: Per-step metrics kept in the summary (medians over the steady steps).
 KEPT = (
     "timing/step",
@@ -124,12 +155,17 @@ def stop_words(stop: tuple[str, ...] = STOP, words: int = WORDS) -> int:
     return sum(any(f"t{i}".startswith(s) for s in stop) for i in range(words))
 
 
-def expected_lengths(cap: int, stop: tuple[str, ...] = STOP, words: int = WORDS) -> dict:
-    """The geometric length distribution the stop strings give a uniform sampler, cut at ``cap``."""
+def expected_lengths(
+    cap: int, stop: tuple[str, ...] = STOP, words: int = WORDS, responses: int | None = None
+) -> dict:
+    """The geometric length distribution the stop strings give a uniform sampler, cut at ``cap``; with
+    ``responses`` (a step's), also the mean of the step's longest response: what a synchronous step's
+    generation waits for."""
     k = stop_words(stop, words)
     p = k / words
     mean = (1 - (1 - p) ** cap) / p  # E[min(G, cap)], G ~ Geometric(p) on 1, 2, ...
-    return {
+    out = {
+        "cap": cap,
         "stop_words": k,
         "p_stop_per_token": p,
         "mean_uncapped": 1 / p,
@@ -137,7 +173,13 @@ def expected_lengths(cap: int, stop: tuple[str, ...] = STOP, words: int = WORDS)
         "at_cap_fraction": (1 - p) ** (cap - 1),
         "median_uncapped": _geometric_quantile(p, 0.5),
         "p90_uncapped": _geometric_quantile(p, 0.9),
+        "p99_uncapped": _geometric_quantile(p, 0.99),
     }
+    if responses:
+        # E[max of n] = sum over l < cap of P(max > l), P(one <= l) = 1 - (1 - p)^l
+        out["responses_per_step"] = responses
+        out["longest_of_step_mean"] = sum(1 - (1 - (1 - p) ** n) ** responses for n in range(cap))
+    return out
 
 
 def _geometric_quantile(p: float, q: float) -> int:
@@ -187,7 +229,9 @@ def write_inputs(out: Path, shape: str, rows: int) -> dict:
 
 
 def overrides(config: str, gpus: int, rollout_gpus: int, tuned: bool) -> list[str]:
-    """The rlcore overrides of ``config`` on ``gpus`` GPUs (``rollout_gpus`` of them the rollout's when split)."""
+    """The rlcore overrides of ``config`` on ``gpus`` GPUs (``rollout_gpus`` of them the rollout's when
+    split). ``tuned=False`` (``--defaults``): the placement, the GPU counts and the mode alone, no memory
+    share."""
     spec = CONFIGS[config]
     if spec["placement"] == "colocated":
         # vLLM's share of each GPU (KV cache for 256 x 2304 tokens is ~7 GB at 0.5B): the train roles keep
@@ -196,7 +240,7 @@ def overrides(config: str, gpus: int, rollout_gpus: int, tuned: bool) -> list[st
             "trainer.placement=colocated",
             f"actor.world_size={gpus}",
             f"rollout.num_engines={gpus}",
-            "rollout.gpu_memory_utilization=0.3",
+            *(("rollout.gpu_memory_utilization=0.3",) if tuned else ()),
         ]
     else:
         if not 0 < rollout_gpus < gpus:
@@ -205,7 +249,8 @@ def overrides(config: str, gpus: int, rollout_gpus: int, tuned: bool) -> list[st
             *SPLIT,
             f"actor.world_size={gpus - rollout_gpus}",
             f"rollout.num_engines={rollout_gpus}",
-            "rollout.gpu_memory_utilization=0.7",  # the rollout's GPUs are its own
+            # the rollout's GPUs are its own
+            *(("rollout.gpu_memory_utilization=0.7",) if tuned else ()),
         ]
     return [*place, *spec["mode"], *(TUNED if tuned else ())]
 
@@ -223,13 +268,19 @@ def rlcore_command(inputs: dict, args: argparse.Namespace, run_dir: Path) -> lis
     ]
     return step_command(
         inputs,
-        args.steps,
+        total_steps(args),
         run_dir.parent.parent,
         extra,
         run_dir.name,
         prompts=args.prompts,
         response_len=args.max_response,
+        defaults=args.defaults,
     )
+
+
+def total_steps(args: argparse.Namespace) -> int:
+    """``trainer.total_steps``: ``--total-steps``, else ``--steps`` (the run then ends by itself)."""
+    return max(args.total_steps or args.steps, args.steps)
 
 
 def _stats(values: list[float]) -> dict:
@@ -239,6 +290,16 @@ def _stats(values: list[float]) -> dict:
         "max": max(values),
         "n": len(values),
     }
+
+
+def kept_keys(steps: list[dict]) -> list[str]:
+    """``KEPT``, then every numeric key of ``KEPT_PREFIXES`` (``stream/*``) that a step logs, sorted."""
+    extra = {k for s in steps for k, v in s.items() if k.startswith(KEPT_PREFIXES) and _number(v)}
+    return [k for k in KEPT if any(_number(s.get(k)) for s in steps)] + sorted(extra - set(KEPT))
+
+
+def _number(v: object) -> bool:
+    return isinstance(v, (int, float)) and not isinstance(v, bool)
 
 
 def summarize(steps: list[dict], steady_from: int) -> dict:
@@ -254,7 +315,7 @@ def summarize(steps: list[dict], steady_from: int) -> dict:
         "tokens_per_s_steps": per_step,
         "step_s": _stats([s["timing/step"] for s in steady]),
         "medians": {
-            k: statistics.median(s[k] for s in steady if k in s) for k in KEPT if any(k in s for s in steady)
+            k: statistics.median(s[k] for s in steady if _number(s.get(k))) for k in kept_keys(steady)
         },
         "response_length": {
             "mean_of_steps": statistics.mean(s["response_length/mean"] for s in steady),
@@ -267,8 +328,9 @@ def summarize(steps: list[dict], steady_from: int) -> dict:
     return out
 
 
-def compare(runs: dict[str, dict]) -> dict:
-    """Per configuration the median over its runs; the best synchronous against the best overlapping."""
+def compare(runs: dict[str, dict], shape: str | None = None, gpus: int | None = None) -> dict:
+    """Per configuration the median over its runs; the best synchronous against the best overlapping;
+    with both ``colocated-stream`` and ``colocated-sync`` runs, their comparison (:func:`stream_vs_sync`)."""
     by_config: dict[str, list[float]] = {}
     for r in runs.values():
         by_config.setdefault(r["config"], []).append(r["tokens_per_s"])
@@ -283,7 +345,39 @@ def compare(runs: dict[str, dict]) -> dict:
             best_overlap=best_overlap,
             ratio=overlap[best_overlap] / sync[best_sync],
         )
+    streamed = stream_vs_sync(runs, shape, gpus)
+    if streamed:
+        out["stream_vs_sync"] = streamed
     return out
+
+
+def stream_vs_sync(runs: dict[str, dict], shape: str | None, gpus: int | None) -> dict:
+    """``colocated-stream`` against ``colocated-sync``: trained tokens per second, streaming / synchronous,
+    the median over each one's runs (the row ``colocated-stream-vs-sync-throughput-<shape>-<gpus>gpu``), and
+    each pair's own ratio: run k of one against run k of the other (``-r2`` against ``-r2``), so a pair
+    whose sync run was the machine's first (slower on some fresh machines: benchmarks/gpu/README.md) can
+    be told from the other. Runs cut by their timeout (``partial``) are named."""
+    stream = {n: r for n, r in runs.items() if r["config"] == STREAM}
+    sync = {n: r for n, r in runs.items() if r["config"] == SYNC}
+    if not stream or not sync:
+        return {}
+    s = statistics.median(r["tokens_per_s"] for r in stream.values())
+    y = statistics.median(r["tokens_per_s"] for r in sync.values())
+    pairs = {}
+    for name, r in sorted(stream.items()):
+        twin = SYNC + name[len(STREAM) :]  # colocated-stream-r2 -> colocated-sync-r2
+        if twin in sync:
+            pairs[f"{name} / {twin}"] = r["tokens_per_s"] / sync[twin]["tokens_per_s"]
+    return {
+        "row": STREAM_ROW.format(shape=shape.lower(), gpus=gpus) if shape and gpus else None,
+        "metric": "trained tokens per second, streaming / synchronous",
+        "ratio": s / y,
+        "stream_tokens_per_s": s,
+        "sync_tokens_per_s": y,
+        "tokens_per_s_by_run": {n: r["tokens_per_s"] for n, r in sorted({**sync, **stream}.items())},
+        "ratio_by_pair": pairs,
+        "partial_runs": sorted(n for n, r in {**sync, **stream}.items() if r.get("partial")),
+    }
 
 
 def draw_timeline(out: Path, stem: str, title: str) -> None:
@@ -335,11 +429,12 @@ def gather(out: Path, shape: str, partial_from: int | None = None) -> dict:
                 continue
             runs[run] = _entry(config, summarize(steps, partial_from), partial=True, steps_logged=len(steps))
             draw_timeline(out, stem, f"{stem} ({CONFIGS[config]['mode'][0]}), cut by its timeout")
+    load = workload(out, shape)
     result = {
         "shape": shape,
-        "workload": workload(out, shape),
+        "workload": load,
         "runs": runs,
-        "comparison": compare(runs) if runs else {},
+        "comparison": compare(runs, shape, load.get("gpus")) if runs else {},
     }
     name = f"{COMPARISON}{shape}.json" if partial_from is None else f"{COMPARISON}{shape}_partial.json"
     (out / name).write_text(json.dumps(result, indent=2))
@@ -366,18 +461,82 @@ def copy_timeline(run_dir: Path, out: Path, stem: str) -> None:
             shutil.copyfile(run_dir / name, out / dest)
 
 
+def run_train(command: list[str], log: Path, metrics: Path, timeout: float, stop_after: int) -> dict:
+    """``rlcore train`` into ``log``: its exit status (``"timeout"`` when ``timeout`` seconds ran out) and,
+    with ``stop_after``, whether it was stopped (SIGINT, as Ctrl-C) once that many steps were logged.
+    A run that does not wind down within ``STOP_GRACE_S`` of its stop, or that ran out of time, is killed
+    and its Ray cluster stopped (the next run would join it)."""
+    env = {**os.environ, "TOKENIZERS_PARALLELISM": "false"}
+    started = time.perf_counter()
+    stopped: float | None = None
+    killed = False
+    code: int | str | None = None
+    with log.open("w") as sink:
+        proc = subprocess.Popen(command, stdout=sink, stderr=subprocess.STDOUT, env=env)
+        try:
+            while proc.poll() is None:
+                now = time.perf_counter()
+                if now - started > timeout:
+                    code = "timeout"
+                    break
+                if stop_after and stopped is None and _steps_logged(metrics) >= stop_after:
+                    proc.send_signal(signal.SIGINT)
+                    stopped = now
+                if stopped is not None and now - stopped > STOP_GRACE_S:
+                    killed = True
+                    break
+                time.sleep(0.5)
+        finally:
+            if proc.poll() is None:
+                proc.kill()
+                proc.wait()
+                killed = True
+    if killed:
+        subprocess.run(
+            [sys.executable, "-m", "ray.scripts.scripts", "stop", "--force"], check=False, capture_output=True
+        )
+    return {
+        "exit": code if code is not None else proc.returncode,
+        "stopped_after": stop_after if stopped is not None else None,
+        "killed": killed,
+        "wall_s": time.perf_counter() - started,
+    }
+
+
+def _steps_logged(metrics: Path) -> int:
+    if not metrics.is_file():
+        return 0
+    return sum('"timing/step"' in line for line in metrics.read_text().splitlines())
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--shape", default="0.5B", choices=("0.5B", "1.5B"))
     parser.add_argument("--config", default="colocated-sync", choices=sorted(CONFIGS))
     parser.add_argument("--gpus", type=int, default=4)
     parser.add_argument("--rollout-gpus", type=int, default=2, help="the rollout's GPUs when split")
-    parser.add_argument("--steps", type=int, default=5)
+    parser.add_argument("--steps", type=int, default=5, help="steps timed")
+    parser.add_argument(
+        "--total-steps",
+        type=int,
+        default=None,
+        help="trainer.total_steps (default --steps); above --steps, the run stops once --steps are logged",
+    )
     parser.add_argument("--steady-from", type=int, default=3, help="first step of the steady state")
     parser.add_argument("--prompts", type=int, default=PROMPTS, help="prompts per step")
-    parser.add_argument("--max-response", type=int, default=MAX_RESPONSE)
+    parser.add_argument(
+        "--max-response",
+        type=int,
+        default=MAX_RESPONSE,
+        help="response cap (up to 8192 for the long tail: mean ~684, the stop strings' geometric lengths)",
+    )
     parser.add_argument("--repeat", type=int, default=1, help="run number (2: the run's independent repeat)")
-    parser.add_argument("--defaults", action="store_true", help="the engine's defaults, not TUNED")
+    parser.add_argument(
+        "--defaults",
+        action="store_true",
+        help="the workload, placement, GPU counts and mode alone: neither TUNED nor grpo_step_gpu.SETTINGS "
+        "nor a memory share (rlcore train decides them)",
+    )
     parser.add_argument(
         "--timeout", type=float, default=400, help="seconds for the whole run, inputs included"
     )
@@ -399,7 +558,11 @@ def main() -> None:
     run = args.config + ("" if args.repeat == 1 else f"-r{args.repeat}")
     stem = f"{run}_{args.shape}"
     run_dir = args.out / "runs" / stem
-    rows = args.prompts * (args.steps + 2)
+    total = total_steps(args)
+    # Every step's prompts and two batches more (a stream's groups in flight beyond the batch), so that no
+    # run wraps around its data before its last step.
+    rows = args.prompts * (total + 2)
+    lengths = expected_lengths(args.max_response, responses=args.prompts * N)
     if args.dry_run:
         inputs = {
             "model": args.out / f"qwen2-{args.shape}",
@@ -407,56 +570,59 @@ def main() -> None:
             "data": args.out / f"prompts_{rows}.jsonl",
             "reward": args.out / "reward.py",
         }
-        print(" ".join(rlcore_command(inputs, args, run_dir)))
-        print(json.dumps(expected_lengths(args.max_response), indent=2))
+        print(" ".join(map(str, rlcore_command(inputs, args, run_dir))))
+        print(json.dumps(lengths, indent=2))
         return
     began = time.perf_counter()
     inputs = write_inputs(args.out, args.shape, rows)
     command = rlcore_command(inputs, args, run_dir)
     shutil.rmtree(run_dir, ignore_errors=True)
     log = args.out / f"{stem}_train.log"
-    env = {**os.environ, "TOKENIZERS_PARALLELISM": "false"}
-    started = time.perf_counter()
-    with log.open("w") as sink:
-        try:
-            code = subprocess.run(
-                command,
-                stdout=sink,
-                stderr=subprocess.STDOUT,
-                env=env,
-                # --timeout bounds the whole script (the harness's limit): the inputs took some of it
-                timeout=max(1.0, args.timeout - (time.perf_counter() - began)),
-            ).returncode
-        except subprocess.TimeoutExpired:
-            code = "timeout"
-    wall = time.perf_counter() - started
-    copy_timeline(run_dir, args.out, stem)
     metrics = run_dir / "metrics.jsonl"
+    ran = run_train(
+        command,
+        log,
+        metrics,
+        # --timeout bounds the whole script (the harness's limit): the inputs took some of it
+        max(1.0, args.timeout - (time.perf_counter() - began)),
+        args.steps if total > args.steps else 0,
+    )
+    code = ran["exit"]
+    copy_timeline(run_dir, args.out, stem)
     steps = [r for r in map(json.loads, metrics.open()) if "timing/step" in r] if metrics.is_file() else []
+    if ran["stopped_after"]:
+        steps = steps[: args.steps]
     result = {
         "run": run,
         "config": args.config,
         "shape": args.shape,
         "command": " ".join(map(str, command)),
         "exit": code,
-        "wall_s": wall,
+        "stopped_after": ran["stopped_after"],
+        "killed": ran["killed"],
+        "wall_s": ran["wall_s"],
         "workload": {
             "prompt": PROMPT_LEN,
             "n": N,
             "prompts_per_step": args.prompts,
             "max_response": args.max_response,
             "stop": list(STOP),
-            "expected_lengths": expected_lengths(args.max_response),
+            "expected_lengths": lengths,
             "gpus": args.gpus,
             "rollout_gpus_when_split": args.rollout_gpus,
             "tuned": not args.defaults,
+            "defaults": args.defaults,
+            "steps_timed": args.steps,
+            "total_steps": total,
+            "steady_from": args.steady_from,
         },
         "steps": steps,
     }
-    if code == 0 and steps:
+    ok = (code == 0 or ran["stopped_after"] is not None) and bool(steps)
+    if ok:
         result["summary"] = summarize(steps, args.steady_from)
     (args.out / f"{stem}.json").write_text(json.dumps(result, indent=2))
-    if code != 0:
+    if not ok:
         tail = log.read_text(errors="replace").splitlines()[-40:]
         raise SystemExit(f"rlcore train failed ({code}):\n" + "\n".join(tail))
     gathered = gather(args.out, args.shape)

@@ -252,6 +252,84 @@ def test_async_gpu_commands_stop_strings_and_steady_state_summary(tmp_path):
     assert "trainer.mode=one_step_off" in dry.stdout and "rollout.stop=['t170','t171']" in dry.stdout
 
 
+def test_async_gpu_stream_config_runs_at_the_defaults_and_is_compared_with_colocated_sync(tmp_path):
+    """``colocated-stream`` (``trainer.mode=stream`` on one shared pool): with ``--defaults`` the command
+    holds the workload, placement, GPU counts and mode alone; ``stream/*`` metrics are kept; the report gives
+    the row ``colocated-stream-vs-sync-throughput-<shape>-<gpus>gpu`` and each pair's own ratio."""
+    sys.path.insert(0, str(ROOT / "benchmarks"))
+    import async_gpu
+    from grpo_step_gpu import SETTINGS
+
+    alone = async_gpu.overrides("colocated-stream", 1, 2, tuned=False)
+    assert alone == [
+        "trainer.placement=colocated",
+        "actor.world_size=1",
+        "rollout.num_engines=1",
+        "trainer.mode=stream",
+    ]
+    lengths = async_gpu.expected_lengths(8192, responses=64)
+    assert lengths["at_cap_fraction"] < 1e-5 and 3000 < lengths["longest_of_step_mean"] < 3500
+
+    def step(k, seconds, **extra):
+        return {
+            "step": k,
+            "timing/step": seconds,
+            "tokens/total": 1000.0,
+            "response_length/mean": 600.0,
+            **extra,
+        }
+
+    summary = async_gpu.summarize([step(1, 9.0), step(2, 5.0, **{"stream/carried": 3}), step(3, 5.0)], 2)
+    assert summary["medians"]["stream/carried"] == 3
+    runs = {
+        "colocated-sync": {"config": "colocated-sync", "tokens_per_s": 100.0},
+        "colocated-stream": {"config": "colocated-stream", "tokens_per_s": 180.0},
+        "colocated-stream-r2": {"config": "colocated-stream", "tokens_per_s": 200.0, "partial": True},
+        "colocated-sync-r2": {"config": "colocated-sync", "tokens_per_s": 100.0},
+    }
+    streamed = async_gpu.compare(runs, "0.5B", 1)["stream_vs_sync"]
+    assert streamed["row"] == "colocated-stream-vs-sync-throughput-0.5b-1gpu" and streamed["ratio"] == 1.9
+    assert streamed["ratio_by_pair"] == {
+        "colocated-stream / colocated-sync": 1.8,
+        "colocated-stream-r2 / colocated-sync-r2": 2.0,
+    }
+    assert streamed["partial_runs"] == ["colocated-stream-r2"]
+    argv = [
+        "--dry-run",
+        "--config",
+        "colocated-stream",
+        "--gpus",
+        "1",
+        "--defaults",
+        "--max-response",
+        "8192",
+    ]
+    dry = subprocess.run(
+        [
+            sys.executable,
+            "benchmarks/async_gpu.py",
+            *argv,
+            "--steps",
+            "3",
+            "--total-steps",
+            "5",
+            "--out",
+            str(tmp_path),
+        ],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert dry.returncode == 0, dry.stderr[-3000:]
+    command = dry.stdout.splitlines()[0].split()
+    assert "trainer.mode=stream" in command and "trainer.total_steps=5" in command
+    assert "rollout.max_response_length=8192" in command
+    assert not (set(SETTINGS) - {"trainer.placement=colocated"}) & set(command)
+    assert not set(async_gpu.TUNED) & set(command)
+    assert not any(w.startswith("rollout.gpu_memory_utilization") for w in command)
+
+
 def test_the_grpo_step_benchmark_divides_throughput_by_its_gpus_and_never_reports_negative_controller_time(
     tmp_path,
 ):
