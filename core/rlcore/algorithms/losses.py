@@ -20,9 +20,10 @@ from typing import Any
 import attrs
 import torch
 
-from rlcore.algorithms.aggregation import agg_loss, check_loss_agg_mode, masked_mean
+from rlcore.algorithms.aggregation import agg_loss, check_loss_agg_mode
 from rlcore.algorithms.calling import call_with_available
 from rlcore.algorithms.kl import check_kl_kind, kl_penalty
+from rlcore.algorithms.mismatch import mismatch_means
 from rlcore.algorithms.value import value_loss
 from rlcore.api.batch import Batch
 
@@ -69,8 +70,9 @@ class ActorLoss:
     Metrics (floats, means over this micro-batch): ``actor/pg_loss`` and the policy loss's own,
     ``actor/entropy`` (whenever ``outputs`` has ``entropy``), ``actor/kl_loss`` and ``actor/kl_coef``
     (with ``use_kl_loss``); without ``old_log_probs`` and with ``rollout_log_probs`` in the batch,
-    ``rollout/logprob_diff_mean``, the mean ``|rollout - trainer|`` log-prob over the micro-batch's
-    response tokens (the engine averages it over micro-batches).
+    ``rollout/logprob_diff_mean`` (the mean ``|rollout - trainer|`` log-prob over the micro-batch's
+    response tokens), ``rollout/mismatch_k3_kl`` and ``rollout/mismatch_ppl_ratio``
+    (:mod:`rlcore.algorithms.mismatch`; the engine averages each over micro-batches).
     """
 
     policy_loss: str = "vanilla"
@@ -170,13 +172,13 @@ class ActorLoss:
 def _rollout_gap(
     rollout_log_probs: torch.Tensor | None, log_prob: torch.Tensor, mask: torch.Tensor
 ) -> dict[str, float]:
-    """``rollout/logprob_diff_mean`` over the micro-batch: what the skipped old-log-prob pass would have
-    recorded, from the training forward instead (``{}`` without rollout log-probs or valid tokens)."""
-    if rollout_log_probs is None or not bool(mask.any()):
+    """The means of :func:`rlcore.algorithms.mismatch.mismatch_means` over the micro-batch, as
+    ``rollout/...``: what the skipped old-log-prob pass would have recorded, from the training forward
+    instead (``{}`` without rollout log-probs or valid tokens). The quantiles and maximum are left out:
+    they do not survive the engine's averaging over micro-batches."""
+    if rollout_log_probs is None:
         return {}
-    dtype = torch.promote_types(torch.promote_types(rollout_log_probs.dtype, log_prob.dtype), torch.float32)
-    diff = (rollout_log_probs.to(dtype) - log_prob.to(dtype)).abs()
-    return {"rollout/logprob_diff_mean": float(masked_mean(diff, mask))}
+    return {f"rollout/{k}": v for k, v in mismatch_means(rollout_log_probs, log_prob, mask).items()}
 
 
 @attrs.define

@@ -19,6 +19,8 @@ from collections.abc import Sequence
 
 import torch
 
+from rlcore.algorithms.mismatch import mismatch_metrics
+
 CAUSES = (
     "rollout and trainer dtypes differ (rollout.dtype vs the trainer's; vLLM defaults fp32 checkpoints to bf16)",
     "the rollout kept a prefix/KV cache computed with the old weights (reset it after every load)",
@@ -43,13 +45,17 @@ def compare_log_probs(
     train_engine: str = "'trainer'",
     rollout_engine: str = "'rollout'",
 ) -> dict[str, float]:
-    """Absolute log-prob differences over the response tokens, in float64.
+    """The mismatch metrics of the rollout's and the trainer's log-probs over the response tokens, in
+    float64 (:func:`rlcore.algorithms.mismatch.mismatch_metrics`).
 
     ``trainer_log_probs [B, R]`` and ``response_mask [B, R]`` (1 on tokens that count). The rollout's
     log-probs come as a ``[B, R]`` tensor in the same layout (padding ignored) or as ``B`` lists holding
     the values of row ``b``'s masked positions in order (``Completion.log_probs``).
 
-    Returns ``sync/logprob_diff_max`` and ``sync/logprob_diff_mean`` (mean over masked tokens). With a
+    Returns, each under ``sync/``: ``logprob_diff_mean`` (mean absolute difference over masked tokens),
+    ``logprob_diff_p50``, ``_p90``, ``_p99`` and ``_max`` (its quantiles and maximum),
+    ``mismatch_k3_kl`` (the k3 estimate of KL(rollout || trainer)) and ``mismatch_ppl_ratio`` (trainer
+    over rollout perplexity, averaged over sequences). With a
     ``threshold``, a mean difference above it raises :class:`WeightSyncMismatch` naming both engines,
     the size of the gap, the worst token, and the usual causes. ``train_engine`` and ``rollout_engine``
     name the engines in that message as given (the run passes ``'vllm' (plugin 'vllm')``).
@@ -64,13 +70,9 @@ def compare_log_probs(
     rollout = _rollout_tensor(rollout_log_probs, mask)
     if not mask.any():
         raise ValueError("compare_log_probs: response_mask selects no token; the probe batch is empty")
-    diff = (rollout - trainer).abs().masked_fill(~mask, 0.0)
-    worst = int(diff.argmax())
-    row, col = divmod(worst, diff.shape[1])
-    metrics = {
-        "sync/logprob_diff_max": float(diff.max()),
-        "sync/logprob_diff_mean": float(diff.sum() / mask.sum()),
-    }
+    metrics = {f"sync/{k}": v for k, v in mismatch_metrics(rollout, trainer, mask).items()}
+    worst = int((rollout - trainer).abs().masked_fill(~mask, 0.0).argmax())
+    row, col = divmod(worst, mask.shape[1])
     if threshold is not None and metrics["sync/logprob_diff_mean"] > threshold:
         causes = "\n".join(f"  - {c}" for c in CAUSES)
         raise WeightSyncMismatch(

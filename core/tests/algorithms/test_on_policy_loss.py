@@ -3,6 +3,8 @@ detached log-probs. In float64 it gives the loss and gradients of the path that 
 log-probs with a separate forward, and of the policy-gradient formula the PPO objective reduces to at
 ratio 1, with micro-batches summed into one optimizer step as the engines do."""
 
+import math
+
 import pytest
 import torch
 from rlcore import algorithms
@@ -146,4 +148,8 @@ def test_a_fake_engine_step_matches_with_and_without_the_pass():
         torch.testing.assert_close(b, a, rtol=1e-12, atol=1e-14)
     assert metrics_shortcut["actor/ppo_kl"] == 0.0 and metrics_shortcut["actor/pg_clipfrac"] == 0.0
     assert metrics_shortcut["rollout/logprob_diff_mean"] == pytest.approx(0.25, rel=1e-6)
+    # The rollout found every token e^0.25 times likelier than the trainer: r = e^-0.25 throughout.
+    assert metrics_shortcut["rollout/mismatch_k3_kl"] == pytest.approx(math.exp(-0.25) - 1 + 0.25, rel=1e-6)
+    assert metrics_shortcut["rollout/mismatch_ppl_ratio"] == pytest.approx(math.exp(0.25), rel=1e-6)
+    assert not any(k.startswith("rollout/logprob_diff_p") for k in metrics_shortcut)  # not averageable
     assert "rollout/logprob_diff_mean" not in metrics_recompute  # the pass reports it, not the loss

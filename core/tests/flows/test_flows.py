@@ -240,6 +240,13 @@ def test_the_old_log_prob_pass_runs_when_the_update_is_not_one_step(tmp_path, ti
     assert "timing/old_log_probs" in record and "old_log_probs" in batch
     assert any("token_level_scores" in b for b in scored)
     assert record["rollout/logprob_diff_mean"] < 1e-4 and "rollout/logprob_diff_max" in record
+    # The pass sees the whole batch: the quantiles too (rlcore.algorithms.mismatch).
+    assert record["rollout/mismatch_k3_kl"] < 1e-8 and abs(record["rollout/mismatch_ppl_ratio"] - 1) < 1e-4
+    assert (
+        record["rollout/logprob_diff_p50"]
+        <= record["rollout/logprob_diff_p99"]
+        <= record["rollout/logprob_diff_max"]
+    )
 
 
 class _Ctx:

@@ -10,6 +10,7 @@ import pytest
 import torch
 from rich.console import Console
 from rlcore.api import Batch
+from rlcore.telemetry import plotting
 from rlcore.telemetry.loggers import (
     ConsoleLogger,
     JsonlLogger,
@@ -140,3 +141,22 @@ def test_plot_curves_writes_a_png_with_available_panels(tmp_path):
     assert series(history, "val/reward") == ([0, 2], [0.1, 0.3])
     path = plot_curves(history, tmp_path / "curves.png", title="t")
     assert path.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+
+
+def test_the_curves_draw_every_mismatch_metric_the_run_records(tmp_path):
+    """The post-sync check's metrics (``sync/``) and the batch's (``rollout/``, the same names) each have
+    a line in the mismatch panels: the plot picks series by name, so a renamed metric would vanish."""
+    from rlcore.rollout.sync_check import compare_log_probs
+
+    reported = compare_log_probs([[-1.0, -2.0]], torch.tensor([[-1.1, -2.3]]), torch.ones(1, 2))
+    drawn = (
+        {k for _, keys in plotting.PANELS for k in keys}
+        | {k for lines in plotting.LINES.values() for k, _ in lines}
+        | {k for pairs in plotting.RIGHT_AXIS.values() for k, _ in pairs}
+    )
+    assert set(reported) <= drawn, set(reported) - drawn
+    batch = {k.replace("sync/", "rollout/") for k in reported}
+    assert batch <= drawn, batch - drawn
+    history = [{"step": s, **reported, **{k.replace("sync/", "rollout/"): v for k, v in reported.items()}}
+               for s in range(3)]  # fmt: skip
+    assert plot_curves(history, tmp_path / "c.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"

@@ -75,6 +75,8 @@ def test_a_run_writes_metrics_curves_checkpoint_and_a_summary(tmp_path, tiny_mod
         "perf/generate_tokens_per_s",
         "sync/bytes",
         "rollout/logprob_diff_mean",
+        "rollout/mismatch_k3_kl",  # from the update's forward: this run skips the old-log-prob pass
+        "rollout/mismatch_ppl_ratio",
         "reward/errors",
         "train/epoch",
     }
@@ -83,6 +85,7 @@ def test_a_run_writes_metrics_curves_checkpoint_and_a_summary(tmp_path, tiny_mod
         assert "timing/old_log_probs" not in record  # an on-policy update needs no separate pass
     # The post-sync check: the first two syncs, then every transport.check_interval=2 steps.
     assert [r["step"] for r in records if "sync/logprob_diff_mean" in r] == [0, 1, 2]
+    assert {"sync/logprob_diff_p99", "sync/mismatch_k3_kl", "sync/mismatch_ppl_ratio"} <= set(records[0])
     assert "val/reward" in records[2] and "timing/save" in records[3]  # val_freq=2; saved at the end
     assert result.history == records
 
