@@ -65,8 +65,8 @@ def plain_config(config: Any) -> Any:
     """A copy of the GGUF loader's model ``config`` without its quantization record, named for the
     built-in and marked float32: the config of an ordinary dequantized checkpoint.
 
-    Transformers versions differ in what they record: 5.17 and 5.19 set ``quantization_config`` (a
-    ``GgufConfig``), which would make every reader of the saved folder look for GGUF blocks; 5.12.1
+    Transformers versions differ in what they record: 5.17 and 5.19 set ``quantization_config`` (5.19:
+    a ``GgufConfig``), which would make every reader of the saved folder look for GGUF blocks; 5.12.1
     (the version SGLang pins) sets nothing. The record is dropped where it is and never assumed.
     """
     config = copy.deepcopy(config)
@@ -83,9 +83,9 @@ def plain_tokenizer(tokenizer: Any, config: Any) -> Any:
 
     The loaders differ here too: 5.19's tokenizer ends turns with ``<|im_end|>`` (id 2) and pads with it,
     as the file says; 5.12.1's names ``<|im_start|>`` (id 1) its end of sequence and has no padding token,
-    so a rollout would not stop at the end of an answer. 5.12.1 also asks for the WordPiece clean-up of
-    spaces before punctuation, which would change a byte-level BPE tokenizer's decoded text (5.19 warns
-    and ignores it; older readers of the folder would apply it): turned off here.
+    so a rollout would not stop at the end of an answer. 5.12.1 also writes the WordPiece clean-up of
+    spaces before punctuation into the folder, which a reader that honours it would apply to this
+    byte-level BPE tokenizer's decoded text (5.19 warns and ignores it): turned off here.
     """
     for role in ("bos", "eos", "pad", "unk"):
         token_id = getattr(config, f"{role}_token_id", None)
