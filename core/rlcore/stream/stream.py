@@ -3,8 +3,8 @@
 Requests are drawn from the prompt stream and kept in flight across steps. A step's collect runs
 *rounds* until ``data.train_batch_size`` groups are finished; every round first tops the stream up to
 ``train_batch_size + trainer.stream.over_sampling`` untrained groups, then makes one generate call that
-starts the new groups (``rollout.n`` responses each) and one that continues every unfinished response by
-at most ``trainer.rollout_chunk_tokens`` tokens. Groups finished in a round are scored at once (and an
+starts the new groups (``rollout.n`` responses each) and continues every unfinished response, each by at
+most ``trainer.rollout_chunk_tokens`` tokens. Groups finished in a round are scored at once (and an
 algorithm that filters groups, DAPO's dynamic sampling, drops them there; the next round refills from the
 stream). The step's :class:`~rlcore.stream.policies.StreamPolicy` picks which finished groups it trains
 on; everything else stays: unfinished responses keep their tokens, per-token log-probs and versions, and
@@ -149,50 +149,81 @@ class RolloutStream:
 
     # -- a round ---------------------------------------------------------------------------------
     def _run_round(self, ctx: Any) -> tuple[list[Group], int]:
-        """One generate call for the new groups and one for every unfinished response; then score the
-        groups that finished. Returns the finished groups kept and how many the algorithm filtered out."""
+        """One generate call that starts the new groups and continues every unfinished response; then
+        score the groups that finished. Returns the finished groups kept and how many were filtered out."""
         self._round += 1
-        version, max_tokens = ctx.version, ctx.config.rollout.max_response_length
+        max_tokens = ctx.config.rollout.max_response_length
         chunk = min(self.chunk_tokens, max_tokens)
         new = [g for g in self.groups if not g.started]
         going = [(g, r) for g in self.groups if g.started for r in g.responses if not r.done]
         with ctx.phase("generate"):
             ctx.memory.use("generate")
-            if new:
+            if self.agent is not None:  # episodes start in calls of their own (below)
+                if new:
+                    self._start_episodes(ctx, new)
+                if going:
+                    self._continue(ctx, [], going, chunk, max_tokens)
+            elif going:
+                self._continue(ctx, new, going, chunk, max_tokens)
+            elif new:
                 self._start(ctx, new, chunk, max_tokens)
-            if going:
-                budget = min(chunk, max(max_tokens - len(r.tokens) for _, r in going))
-                params = ctx.sampling_params(n=1, max_tokens=budget)
-                results = ctx.rollout.generate([g.ids + r.tokens for g, r in going], params)
-                for (_, r), (c,) in zip(going, results, strict=True):
-                    r.extend(c, version, max_tokens)
-                    r.rounds += 1
         done = [g for g in self.groups if g.done and g.scored is None]
         if not done:
             return [], 0
         return self._score(ctx, done)
 
-    def _start(self, ctx: Any, new: list[Group], chunk: int, max_tokens: int) -> None:
-        # Seeds, then group ids, in the order the synchronous generate phase draws them: with every
-        # response finished in its first round, a step samples what a synchronous step would.
-        if self.agent is not None:
-            params = ctx.sampling_params()
-        else:
-            params = ctx.sampling_params(max_tokens=chunk)
+    def _name(self, ctx: Any, new: list[Group]) -> None:
         for g, uid in zip(new, ctx.new_uids(len(new)), strict=True):
             g.prompt.objects["uid"] = [uid]
-        ids = [g.ids for g in new]
-        if self.agent is not None:  # an episode runs whole in its first round (its turns share a version)
-            model = ctx.config.model
-            results = ctx.rollout.run_episodes(ids, params, self.agent, model.tokenizer_path or model.path)
-        else:
-            results = ctx.rollout.generate(ids, params)
+
+    def _start(self, ctx: Any, new: list[Group], chunk: int, max_tokens: int) -> None:
+        """Nothing in flight: one call samples ``n`` per new prompt, as the synchronous generate phase
+        does, drawing its seed, then the group ids, in that phase's order: with every response finished in
+        its first round, a step samples what a synchronous step would."""
+        params = ctx.sampling_params(max_tokens=chunk)
+        self._name(ctx, new)
+        results = ctx.rollout.generate([g.ids for g in new], params)
         for g, completions in zip(new, results, strict=True):
             for c in completions:
-                r = Response()
-                r.extend(c, ctx.version, len(c.token_ids) if self.agent is not None else max_tokens)
-                r.rounds = 1
-                g.responses.append(r)
+                g.responses.append(self._response(c, ctx.version, max_tokens))
+
+    def _continue(self, ctx: Any, new: list[Group], going: list, chunk: int, max_tokens: int) -> None:
+        """Responses in flight, and maybe new groups: one call for all of them, each new group's ``n``
+        responses as ``n`` requests of one sample. Two calls in turn would decode twice as many steps
+        for the round as one (measured on an H200: 4.7 against 2.6 ms a token step at 0.5B), as the
+        engine batches only the requests of one call."""
+        n = ctx.config.rollout.n
+        budget = chunk if new else min(chunk, max(max_tokens - len(r.tokens) for _, r in going))
+        params = ctx.sampling_params(n=1, max_tokens=budget)
+        self._name(ctx, new)
+        prompts = [g.ids for g in new for _ in range(n)] + [g.ids + r.tokens for g, r in going]
+        results = ctx.rollout.generate(prompts, params)
+        starts, goes = results[: len(new) * n], results[len(new) * n :]
+        for k, g in enumerate(new):
+            for (c,) in starts[k * n : (k + 1) * n]:
+                g.responses.append(self._response(c, ctx.version, max_tokens))
+        for (_, r), (c,) in zip(going, goes, strict=True):
+            r.extend(c, ctx.version, max_tokens)
+            r.rounds += 1
+
+    def _start_episodes(self, ctx: Any, new: list[Group]) -> None:
+        """Multi-turn episodes run whole in their first round (their turns share a version)."""
+        params = ctx.sampling_params()
+        self._name(ctx, new)
+        model = ctx.config.model
+        results = ctx.rollout.run_episodes(
+            [g.ids for g in new], params, self.agent, model.tokenizer_path or model.path
+        )
+        for g, completions in zip(new, results, strict=True):
+            for c in completions:
+                g.responses.append(self._response(c, ctx.version, len(c.token_ids)))
+
+    @staticmethod
+    def _response(c: Any, version: int, max_tokens: int) -> Response:
+        r = Response()
+        r.extend(c, version, max_tokens)
+        r.rounds = 1
+        return r
 
     def _score(self, ctx: Any, done: list[Group]) -> tuple[list[Group], int]:
         """Score the groups finished this round in one call and keep those the algorithm accepts."""
