@@ -456,6 +456,8 @@ def copy_timeline(run_dir: Path, out: Path, stem: str) -> None:
         ("timeline.jsonl", f"{stem}_timeline.jsonl"),
         ("timeline.png", f"{stem}_timeline.png"),
         ("config.yaml", f"{stem}_config.txt"),
+        ("stream.jsonl", f"{stem}_stream.jsonl"),  # trainer.mode=stream: each group's life
+        ("stream.png", f"{stem}_stream.png"),
     ):
         if (run_dir / name).is_file():
             shutil.copyfile(run_dir / name, out / dest)

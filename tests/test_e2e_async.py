@@ -2,9 +2,9 @@
 and the default rollout (on a CPU the HF rollout: inside the actor for the synchronous run, colocated for the overlapping modes), on the built-in task.
 
 * ``trainer.mode=async`` with ``max_staleness: 0`` is the synchronous run, step by step;
-* with ``max_staleness: 2`` no trained sample lags more than 2 versions (from the versions each token
-  recorded), the rollout did run ahead, and the task learns as well as synchronously after the same
-  number of trained samples;
+* with ``max_staleness: 2`` and the lockstep schedule every sample of step k was drawn under version
+  k - 3 exactly (from the versions each token recorded): the rollout ran two versions ahead, and nothing
+  here depends on timing (the learning comparison is tests/test_e2e_stream.py's, over three seeds);
 * a driver killed mid-run (SIGKILL, with batches generated but not trained; the HF rollout, partial
   rollouts) resumes without training any prompt twice or losing one, counted against the uninterrupted
   run's prompt order.
@@ -83,34 +83,34 @@ def test_async_with_no_staleness_is_the_synchronous_run(sync_run, tmp_path):
     assert not any(k.startswith("off_policy/is_") for r in ours for k in r)
 
 
-def test_async_within_two_versions_learns_like_sync(sync_run, tmp_path):
+def test_async_within_two_versions_keeps_its_bound_and_runs_two_versions_ahead(tmp_path):
+    # The lockstep schedule: step k is sampled under version k - 3 exactly, whatever the threads' speeds
+    # (a loaded machine included), so every assertion below is decided by seeds, not timing. Whether the
+    # run learns is the stream's three-seed test (tests/test_e2e_stream.py), whose runs are deterministic.
+    steps = 8
     run = train(
-        tmp_path, "async2", "trainer.mode=async", "trainer.max_staleness=2", f"trainer.total_steps={STEPS}"
+        tmp_path,
+        "async2",
+        "trainer.mode=async",
+        "trainer.max_staleness=2",
+        "trainer.schedule=lockstep",
+        f"trainer.total_steps={steps}",
     )
-    run_dir = run.run_dir
-    lines = read_samples(run_dir / SAMPLES_FILE)
-    assert [line["step"] for line in lines] == list(range(1, STEPS + 1))
-    lags = [line["version"] - oldest for line in lines for oldest in line["oldest"]]
-    assert max(lags) <= 2 and min(lags) >= 0
-    assert max(lags) == 2, "the rollout never ran two versions ahead: nothing overlapped"
+    lines = read_samples(run.run_dir / SAMPLES_FILE)
+    assert [line["step"] for line in lines] == list(range(1, steps + 1))
     # Each line's version is the step's update: step k trains the weights of version k - 1.
     assert all(line["version"] == line["step"] - 1 for line in lines)
+    # Every sample of step k was drawn under version max(0, k - 3): the rollout ran two versions ahead
+    # (it generated step k before the trainer synced version k - 2, i.e. during step k - 2's update).
+    for line in lines:
+        assert set(line["oldest"]) == set(line["newest"]) == {max(0, line["step"] - 3)}, line
     records = [r for r in run.history if r["step"] > 0]
-    assert max(r["off_policy/staleness_max"] for r in records) == 2
+    assert [r["off_policy/staleness_max"] for r in records] == [min(2, r["step"] - 1) for r in records]
     assert all(0 < r["off_policy/is_weight_mean"] < 10 for r in records)
-    # The same trained samples (prompts x responses) as the synchronous run: the final greedy validation.
-    ours = read_metrics(run_dir / "metrics.jsonl")[-1]["val/reward"]
-    theirs = read_metrics(sync_run / "metrics.jsonl")[-1]["val/reward"]
-    assert ours >= theirs - 0.1, (ours, theirs)
-    # The timeline shows generation of a later step under the actor's update of an earlier one.
-    intervals = read_timeline(run_dir / TIMELINE_FILE)
-    generate = [i for i in intervals if i["phase"] == "generate"]
-    update = [i for i in intervals if i["phase"] == "update_actor"]
-    assert any(
-        g["step"] > u["step"] and g["start"] < u["end"] and u["start"] < g["end"]
-        for g in generate
-        for u in update
-    )
+    # The timeline records generation of a later step beside the update of an earlier one.
+    intervals = read_timeline(run.run_dir / TIMELINE_FILE)
+    generated = {i["step"]: i["version"] for i in intervals if i["phase"] == "generate"}
+    assert all(generated[k] == max(0, k - 3) for k in range(1, steps + 1))
 
 
 def test_a_killed_driver_resumes_without_training_a_prompt_twice_or_losing_one(sync_run, tmp_path):

@@ -129,3 +129,40 @@ def plot_timeline(
 
 
 _ROLE_ORDER = {"rollout": 0, "reward": 1, "actor": 2, "reference": 3, "critic": 4, "driver": 5}
+
+
+REQUESTS_PLOT = "stream.png"
+
+
+def plot_requests(lines: Sequence[Mapping[str, Any]], path: str | os.PathLike, title: str = "") -> Path:
+    """The stream's requests across steps, from ``stream.jsonl`` (:mod:`rlcore.stream`): one line per group
+    from its admission to the step that trained (or dropped) it, a dot where it finished, coloured by
+    outcome; dashed lines where steps ended. A group whose line crosses a dashed line lived across steps."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    colours = {"trained": "tab:blue", "stale": "tab:red", "filtered": "tab:grey"}
+    fig, ax = plt.subplots(figsize=(12, 4.5))
+    for line in lines:
+        y, colour = line["seq"], colours.get(line["outcome"], "black")
+        ax.plot([line["admitted_at"], line["left_at"]], [y, y], color=colour, lw=1)
+        if line.get("finished_at") is not None:
+            ax.plot([line["finished_at"]], [y], ".", color=colour, ms=3)
+    ends: dict[int, float] = {}
+    for line in lines:
+        ends[line["left_step"]] = max(ends.get(line["left_step"], 0.0), line["left_at"])
+    for end in ends.values():
+        ax.axvline(end, color="black", ls="--", lw=0.5)
+    ax.set_xlabel("seconds since the trainer started (dashed: a step's batch taken; dot: the group finished)")
+    ax.set_ylabel("group (admission order)")
+    handles = [plt.Line2D([0], [0], color=c) for c in colours.values()]
+    ax.legend(handles, list(colours), loc="upper left", fontsize=8)
+    if title:
+        ax.set_title(title)
+    fig.tight_layout()
+    out = Path(path)
+    fig.savefig(out, dpi=110)
+    plt.close(fig)
+    return out

@@ -177,7 +177,7 @@ class Trainer:
         rollout behind the :class:`~rlcore.rollout.partial.PolicyClock` both threads share."""
         cfg = self.config.trainer
         self.clock: PolicyClock | None = None
-        if cfg.mode == "sync":
+        if cfg.mode in ("sync", "stream"):  # one control flow: no rollout thread
             return
         name = self.config.algorithm.name
         if not (

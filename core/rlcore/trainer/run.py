@@ -26,9 +26,17 @@ from typing import Any
 
 import attrs
 
+from rlcore.stream import STREAM_FILE, read_stream
 from rlcore.telemetry.loggers import METRICS_FILE
 from rlcore.telemetry.plotting import PLOT_FILE, plot_curves
-from rlcore.telemetry.timeline import TIMELINE_FILE, TIMELINE_PLOT, plot_timeline, read_timeline
+from rlcore.telemetry.timeline import (
+    REQUESTS_PLOT,
+    TIMELINE_FILE,
+    TIMELINE_PLOT,
+    plot_requests,
+    plot_timeline,
+    read_timeline,
+)
 
 CONFIG_FILE = "config.yaml"
 #: Folder of the run directory that built-in task files are written to.
@@ -214,6 +222,12 @@ def _run(
             read_timeline(result.run_dir / TIMELINE_FILE),
             result.run_dir / TIMELINE_PLOT,
             title=f"{result.run_dir.name}: trainer.mode={config.trainer.mode}",
+        )
+    if (result.run_dir / STREAM_FILE).is_file():
+        plot_requests(
+            read_stream(result.run_dir / STREAM_FILE),
+            result.run_dir / REQUESTS_PLOT,
+            title=f"{result.run_dir.name}: the stream's requests across steps",
         )
     _summary(result, config, time.perf_counter() - began, console)
     return result

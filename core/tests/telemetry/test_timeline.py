@@ -70,3 +70,36 @@ def test_trained_rows_and_a_resume_drops_the_steps_after_its_checkpoint(tmp_path
     TrainedSamples(path, keep_through=2)  # resumed from step 2's checkpoint
     assert [line["step"] for line in read_samples(path)] == [1, 2]
     assert json.loads(path.read_text().splitlines()[0])["oldest"] == [2, 3]
+
+
+def test_the_stream_picture_draws_each_group_across_the_steps_it_lived(tmp_path):
+    from rlcore.telemetry.timeline import plot_requests
+
+    lines = [
+        {
+            "seq": 0,
+            "outcome": "trained",
+            "admitted_at": 0.0,
+            "finished_at": 1.0,
+            "left_at": 1.5,
+            "left_step": 1,
+        },
+        {
+            "seq": 1,
+            "outcome": "trained",
+            "admitted_at": 0.0,
+            "finished_at": 2.5,
+            "left_at": 3.0,
+            "left_step": 2,
+        },
+        {
+            "seq": 2,
+            "outcome": "stale",
+            "admitted_at": 0.1,
+            "finished_at": None,
+            "left_at": 3.0,
+            "left_step": 2,
+        },
+    ]
+    path = plot_requests(lines, tmp_path / "stream.png", title="two steps")
+    assert path.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
