@@ -94,8 +94,9 @@ class PolicyClock:
 
 
 @attrs.define(eq=False)
-class _Partial:
-    """A response being generated across calls."""
+class PartialResponse:
+    """A response generated across calls (a partial rollout, or :mod:`rlcore.stream`'s rounds), each
+    token stamped with the policy version that sampled it."""
 
     prompt: list[int]
     tokens: list[int] = attrs.Factory(list)
@@ -104,6 +105,48 @@ class _Partial:
     finish_reason: str = "length"
     text: str = ""
     done: bool = False
+    #: generate calls it took (more than one: it was continued, perhaps under newer weights)
+    rounds: int = 0
+    #: a multi-turn episode's own mask and facts (an episode is generated whole, in one call)
+    response_mask: list[int] | None = None
+    info: dict[str, Any] | None = None
+
+    def extend(self, c: Completion, version: int, max_tokens: int) -> None:
+        """Append one call's tokens, at most ``max_tokens`` in all (a call may sample past the budget:
+        what it sampled beyond is dropped, as a call with that budget would not have sampled it)."""
+        room = max_tokens - len(self.tokens)
+        ids = list(c.token_ids)[:room]
+        cut = len(ids) < len(c.token_ids)
+        self.tokens += ids
+        if c.log_probs is None or self.log_probs is None:
+            self.log_probs = None
+        else:
+            self.log_probs += list(c.log_probs)[:room]
+        self.versions += [version] * len(ids)
+        self.text += c.text
+        self.finish_reason = "length" if cut else c.finish_reason
+        self.rounds += 1
+        if c.response_mask is not None:
+            self.response_mask, self.info = list(c.response_mask), c.info
+        # Done: stopped (eos or a stop string), the whole budget used, or nothing generated at all.
+        self.done = self.finish_reason != "length" or len(self.tokens) >= max_tokens or not c.token_ids
+
+    def completion(self, tokenizer: Any = None) -> Completion:
+        """As a completion; ``tokenizer`` decodes the whole text of a response continued across calls
+        (the calls' texts may split a character)."""
+        text = self.text
+        if tokenizer is not None and self.rounds > 1:
+            text = tokenizer.decode(self.tokens, skip_special_tokens=True)
+        return Completion(
+            prompt_ids=list(self.prompt),
+            token_ids=list(self.tokens),
+            log_probs=self.log_probs,
+            finish_reason=self.finish_reason,
+            text=text,
+            response_mask=self.response_mask,
+            info=self.info,
+            versions=list(self.versions),
+        )
 
 
 class VersionedRollout:
@@ -155,10 +198,12 @@ class VersionedRollout:
         first = attrs.evolve(params, max_tokens=chunk)
         with self._hold() as version:
             groups = self.rollout.generate(prompts, first)
-        partials = [[_Partial(list(p)) for _ in group] for p, group in zip(prompts, groups, strict=True)]
+        partials = [
+            [PartialResponse(list(p)) for _ in group] for p, group in zip(prompts, groups, strict=True)
+        ]
         for row, group in zip(partials, groups, strict=True):
             for partial, completion in zip(row, group, strict=True):
-                _extend(partial, completion, version, params.max_tokens)
+                partial.extend(completion, version, params.max_tokens)
         flat = [p for row in partials for p in row]
         rounds = 0
         while True:
@@ -172,32 +217,9 @@ class VersionedRollout:
             with self._hold() as version:
                 results = self.rollout.generate([p.prompt + p.tokens for p in active], cont)
             for partial, (completion,) in zip(active, results, strict=True):
-                _extend(partial, completion, version, params.max_tokens)
-        return [[self._completion(p) for p in row] for row in partials]
-
-    def _completion(self, p: _Partial) -> Completion:
-        text = p.text
-        if self.tokenizer is not None:  # the chunks' texts may split a character: decode the whole
-            text = self.tokenizer.decode(p.tokens, skip_special_tokens=True)
-        return Completion(
-            prompt_ids=p.prompt,
-            token_ids=p.tokens,
-            log_probs=p.log_probs,
-            finish_reason=p.finish_reason,
-            text=text,
-            versions=p.versions,
-        )
+                partial.extend(completion, version, params.max_tokens)
+        return [[p.completion(self.tokenizer) for p in row] for row in partials]
 
 
 def _stamped(c: Completion, version: int) -> Completion:
     return attrs.evolve(c, versions=[version] * len(c.token_ids))
-
-
-def _extend(p: _Partial, c: Completion, version: int, max_tokens: int) -> None:
-    p.tokens += c.token_ids
-    p.log_probs = None if c.log_probs is None or p.log_probs is None else p.log_probs + list(c.log_probs)
-    p.versions += [version] * len(c.token_ids)
-    p.text += c.text
-    p.finish_reason = c.finish_reason
-    # Done: stopped (eos or a stop string), the whole budget used, or nothing generated at all.
-    p.done = c.finish_reason != "length" or len(p.tokens) >= max_tokens or not c.token_ids

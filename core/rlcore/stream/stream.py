@@ -34,7 +34,8 @@ from typing import Any
 
 from rlcore.api import Batch
 from rlcore.flows.phases import assemble_generated, prompt_token_ids
-from rlcore.stream.groups import Group, Response
+from rlcore.rollout.partial import PartialResponse
+from rlcore.stream.groups import Group
 from rlcore.stream.lengths import length_metrics, version_lag_metrics
 
 STREAM_FILE = "stream.jsonl"
@@ -185,7 +186,7 @@ class RolloutStream:
         results = ctx.rollout.generate([g.ids for g in new], params)
         for g, completions in zip(new, results, strict=True):
             for c in completions:
-                g.responses.append(self._response(c, ctx.version, max_tokens))
+                g.responses.append(self._response(g, c, ctx.version, max_tokens))
 
     def _continue(self, ctx: Any, new: list[Group], going: list, chunk: int, max_tokens: int) -> None:
         """Responses in flight, and maybe new groups: one call for all of them, each new group's ``n``
@@ -201,10 +202,9 @@ class RolloutStream:
         starts, goes = results[: len(new) * n], results[len(new) * n :]
         for k, g in enumerate(new):
             for (c,) in starts[k * n : (k + 1) * n]:
-                g.responses.append(self._response(c, ctx.version, max_tokens))
+                g.responses.append(self._response(g, c, ctx.version, max_tokens))
         for (_, r), (c,) in zip(going, goes, strict=True):
             r.extend(c, ctx.version, max_tokens)
-            r.rounds += 1
 
     def _start_episodes(self, ctx: Any, new: list[Group]) -> None:
         """Multi-turn episodes run whole in their first round (their turns share a version)."""
@@ -216,28 +216,22 @@ class RolloutStream:
         )
         for g, completions in zip(new, results, strict=True):
             for c in completions:
-                g.responses.append(self._response(c, ctx.version, len(c.token_ids)))
+                g.responses.append(self._response(g, c, ctx.version, len(c.token_ids)))
 
     @staticmethod
-    def _response(c: Any, version: int, max_tokens: int) -> Response:
-        r = Response()
+    def _response(g: Group, c: Any, version: int, max_tokens: int) -> PartialResponse:
+        r = PartialResponse(list(g.ids))
         r.extend(c, version, max_tokens)
-        r.rounds = 1
         return r
 
     def _score(self, ctx: Any, done: list[Group]) -> tuple[list[Group], int]:
         """Score the groups finished this round in one call and keep those the algorithm accepts."""
-        tokenizer = ctx.tokenizer
-        for g in done:
-            for r in g.responses:
-                if r.rounds > 1 and tokenizer is not None:  # round texts may split a character
-                    r.text = tokenizer.decode(r.tokens, skip_special_tokens=True)
         # Prompt rows of different widths: concat pads them left with the run's pad id.
         pad = {"pad_token_id": ctx.pad_token_id}
         prompts = Batch.concat(
             [Batch(g.prompt.tensors, g.prompt.objects, {**g.prompt.meta, **pad}) for g in done]
         )
-        completions = [g.completions() for g in done]
+        completions = [g.completions(ctx.tokenizer) for g in done]
         batch = self.finish(ctx, assemble_generated(ctx, prompts, completions))
         n = len(done[0].responses)
         kept, filtered, now = [], 0, time.perf_counter()
@@ -314,4 +308,4 @@ def read_stream(path: str | os.PathLike) -> list[dict[str, Any]]:
         return [json.loads(line) for line in f if line.strip()]
 
 
-__all__ = ["STREAM_FILE", "RolloutStream", "read_stream", "Response"]
+__all__ = ["STREAM_FILE", "RolloutStream", "read_stream"]
