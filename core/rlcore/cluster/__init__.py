@@ -14,7 +14,7 @@ is used.
 """
 
 from rlcore.cluster.dispatch import Pending, wait_all
-from rlcore.cluster.failures import WorkerError, WorkerFailure
+from rlcore.cluster.failures import WorkerError, WorkerFailure, WorkerTimeout
 from rlcore.cluster.group import LocalGroup, WorkerGroup
 from rlcore.cluster.placement import (
     Placement,
@@ -50,6 +50,7 @@ __all__ = [
     "WorkerError",
     "WorkerFailure",
     "WorkerGroup",
+    "WorkerTimeout",
     "forwarded_env",
     "make_rollout_role",
     "make_train_role",

@@ -1,12 +1,15 @@
 """What the driver raises when a worker fails, and how it finds the worker's last log lines.
 
-Two kinds of failure, two exceptions:
+Three kinds of failure, three exceptions:
 
 - :class:`WorkerError`: a worker method raised; the worker process is alive. The message carries the
   role, rank, phase (the method) and the worker-side traceback.
 - :class:`WorkerFailure`: the worker process died (``os._exit``, a signal, the OOM killer, a lost node).
   The message carries the role, rank, phase, where the process ran, why Ray thinks it died, and the tail
   of the worker's own stdout/stderr log, so a crash is diagnosable from the driver's output alone.
+- :class:`WorkerTimeout`: a call did not finish within ``trainer.call_timeout_s`` (a hang: a collective
+  whose peer never came, a stuck engine). The message carries the role, the engine and its plugin, the
+  phase, the ranks still running, and the tail of the first one's log.
 
 Both pickle with their fields (they cross from Ray workers to the driver).
 """
@@ -80,6 +83,56 @@ class WorkerFailure(RuntimeError):
         return (
             type(self),
             (self.role, self.rank, self.phase, self.reason, self.where, self.log_tail, self.log_note),
+        )
+
+
+class WorkerTimeout(TimeoutError):
+    """Ranks ``ranks`` of ``role`` did not finish ``phase`` within ``timeout_s`` seconds; the driver stopped
+    the group. ``source`` names the engine and its plugin; ``log_tail`` is the last lines of the first
+    stuck rank's log (``log_note`` says why it is empty, when it is); ``setting`` what to raise if the
+    engine is only slow."""
+
+    def __init__(
+        self,
+        role: str,
+        ranks: list[int],
+        phase: str,
+        timeout_s: float,
+        source: str = "",
+        log_tail: str = "",
+        log_note: str = "",
+        setting: str = "trainer.call_timeout_s",
+    ):
+        self.role, self.ranks, self.phase, self.timeout_s = role, list(ranks), phase, timeout_s
+        self.setting = setting
+        self.rank = self.ranks[0] if self.ranks else -1
+        self.source, self.log_tail, self.log_note = source, log_tail, log_note
+        where = f" ({source})" if source else ""
+        lines = [
+            f"{role} rank(s) {self.ranks}{where} did not finish {phase} within {timeout_s:g} s "
+            f"({setting}); the group was stopped. An engine that is only slow: raise {setting}; a hang: "
+            "the worker's log shows where it stopped"
+        ]
+        if log_note:
+            lines.append(log_note)
+        if log_tail:
+            lines.append(f"--- last lines of rank {self.rank}'s log ---")
+            lines.append(log_tail.rstrip())
+        super().__init__("\n".join(lines))
+
+    def __reduce__(self):
+        return (
+            type(self),
+            (
+                self.role,
+                self.ranks,
+                self.phase,
+                self.timeout_s,
+                self.source,
+                self.log_tail,
+                self.log_note,
+                self.setting,
+            ),
         )
 
 

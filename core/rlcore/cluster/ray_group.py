@@ -8,6 +8,10 @@ worker (engine from the registry, in its own process) and reports its DP topolog
 Never hangs on a dead worker: results are collected by polling ``ray.wait``, and the first dead rank
 ends the call with a :class:`~rlcore.cluster.failures.WorkerFailure` (role, rank, phase, the tail of
 the worker's log) and stops the group's other actors, which may be blocked in a collective with it.
+Never waits forever on a live one either: with ``call_timeout_s`` (the run's ``trainer.call_timeout_s``)
+a call still running after that many seconds, building the engine included, ends with a
+:class:`~rlcore.cluster.failures.WorkerTimeout` (role, engine and plugin, phase, the stuck ranks, the
+first one's log tail) and the group is stopped: its stuck actor would hold every later call behind it.
 """
 
 from __future__ import annotations
@@ -22,7 +26,13 @@ from typing import Any
 
 from rlcore.api import Batch, DistInfo, EngineSpec, RolloutSpec
 from rlcore.cluster.dispatch import Pending, Topology, shards
-from rlcore.cluster.failures import WorkerError, WorkerFailure, death_reason, worker_log_tail
+from rlcore.cluster.failures import (
+    WorkerError,
+    WorkerFailure,
+    WorkerTimeout,
+    death_reason,
+    worker_log_tail,
+)
 from rlcore.cluster.placement import BUNDLE_INDICES_ENV, PoolSlot, ResourcePool, cluster_resource
 from rlcore.cluster.ray_cluster import forwarded_env, start_ray
 from rlcore.cluster.wire import from_wire, to_wire
@@ -92,14 +102,20 @@ class RayPending(Pending):
     """A call in flight on some ranks of a :class:`RayGroup`."""
 
     def __init__(
-        self, group: RayGroup, refs: list[Any], phase: str, ranks: list[int], timeout_s: float | None
+        self,
+        group: RayGroup,
+        refs: list[Any],
+        phase: str,
+        ranks: list[int],
+        timeout_s: float | None,
+        setting: str = "trainer.call_timeout_s",
     ):
         super().__init__(self._collect)
         self.group, self.phase, self.ranks = group, phase, ranks
         self.position = {ref: i for i, ref in enumerate(refs)}
         self.out: list[Any] = [None] * len(refs)
         self.remaining = list(refs)
-        self.timeout_s = timeout_s
+        self.timeout_s, self.setting = timeout_s, setting  # setting: what a user raises when only slow
         self.deadline = None if timeout_s is None else time.monotonic() + timeout_s
 
     def take(self, ref: Any) -> None:
@@ -116,12 +132,18 @@ class RayPending(Pending):
         except RayTaskError as exc:
             self.group._raise_worker_error(self.ranks[i], self.phase, exc, self)
 
+    def late(self) -> bool:
+        """Whether this call is still running past its deadline."""
+        return bool(self.remaining) and self.deadline is not None and time.monotonic() >= self.deadline
+
     def check_deadline(self) -> None:
-        if self.remaining and self.deadline is not None and time.monotonic() >= self.deadline:
-            stuck = sorted(self.ranks[self.position[r]] for r in self.remaining)
-            raise TimeoutError(
-                f"{self.group.role}: rank(s) {stuck} did not finish {self.phase} within {self.timeout_s:.0f} s"
-            )
+        """Past the deadline: stop the group and raise its :class:`WorkerTimeout`."""
+        if self.late():
+            raise self.time_out()
+
+    def time_out(self) -> WorkerTimeout:
+        stuck = sorted(self.ranks[self.position[r]] for r in self.remaining)
+        return self.group._time_out(stuck, self.phase, self.timeout_s, self.setting)
 
     def _collect(self) -> list[Any]:
         wait_ray_pendings([self])
@@ -139,8 +161,14 @@ def wait_ray_pendings(pendings: Sequence[RayPending]) -> None:
     owner = {ref: p for p in pendings for ref in p.remaining}
     poll_s = min((p.group.poll_s for p in pendings), default=1.0)
     while owner:
-        for p in pendings:
-            p.check_deadline()
+        late = [p for p in pendings if p.late()]
+        if (
+            late
+        ):  # every late group is stopped (a sender and its receivers hang together); the first is raised
+            errors = [p.time_out() for p in late]
+            for other in errors[1:]:
+                errors[0].add_note(f"meanwhile: {str(other).splitlines()[0]}")
+            raise errors[0]
         ready, _ = ray.wait(list(owner), num_returns=1, timeout=poll_s)
         for ref in ready:
             owner.pop(ref).take(ref)
@@ -155,7 +183,8 @@ class RayGroup:
     rank of one ``resource`` device (``None``: none) and :data:`STANDALONE_CPUS_PER_RANK` CPUs, small so
     that several such groups fit on one machine; a run sizes its pools with
     :func:`~rlcore.cluster.placement.placement_from_config` instead. Calls poll
-    every ``poll_s`` seconds for dead ranks; ``call_timeout_s`` (``None``: no limit) bounds any call.
+    every ``poll_s`` seconds for dead ranks; ``call_timeout_s`` (``None``: no limit) bounds any call, the
+    engine's construction included. ``engine`` names the engine and its plugin in the messages.
 
     Given a ``host`` group, the ranks are built inside its actors instead (``trainer.placement=hybrid``:
     rank ``r`` in the process of the host's ``r``-th output rank, in its slot); such a group stops no
@@ -176,13 +205,14 @@ class RayGroup:
         call_timeout_s: float | None = None,
         poll_s: float = 1.0,
         host: RayGroup | None = None,
+        engine: str = "",
     ):
         if world_size < 1:
             raise ValueError(f"group {role!r} needs world_size >= 1, got {world_size}")
         start_ray()
         self.role, self.world_size = role, world_size
-        self.call_timeout_s, self.poll_s = call_timeout_s, poll_s
-        self._failure: WorkerFailure | None = None
+        self.call_timeout_s, self.poll_s, self.engine = call_timeout_s, poll_s, engine
+        self._failure: WorkerFailure | WorkerTimeout | None = None
         self._info: list[WorkerInfo] = [{} for _ in range(world_size)]
         self._actors: list[Any] = []
         self._built = False
@@ -228,7 +258,7 @@ class RayGroup:
                 "MASTER_PORT": str(master_port),
             }
             refs.append(actor.construct.remote(self.role, worker_cls, worker_kwargs(rank, dist), rank_env))
-        self._set_topology(self._wait(refs, "__init__"))
+        self._set_topology(self._wait(refs, "__init__", self.call_timeout_s))
 
     def _set_topology(self, reports: list[tuple[int, int, bool]]) -> None:
         self._topology = Topology(self.role, reports)
@@ -254,7 +284,7 @@ class RayGroup:
             actor.construct.remote(self.role, worker_cls, worker_kwargs(i, DistInfo(i, self.world_size)), {})
             for i, actor in enumerate(self._actors)
         ]
-        self._set_topology(self._wait(refs, "__init__"))
+        self._set_topology(self._wait(refs, "__init__", self.call_timeout_s))
 
     # -- constructors for the two worker kinds ----------------------------------------------------
     @classmethod
@@ -282,6 +312,7 @@ class RayGroup:
                 "device": device,
             }
 
+        options.setdefault("engine", _engine_source("train_engines", engine_name))
         return cls(role, TrainWorker, kwargs, world_size, slot=slot, **_standalone(slot, device, options))
 
     @classmethod
@@ -310,6 +341,7 @@ class RayGroup:
                 "num_replicas": num_engines,
             }
 
+        options.setdefault("engine", _engine_source("rollout_engines", engine_name))
         if host is not None:
             return cls("rollout", RolloutWorker, kwargs, num_engines, host=host, **options)
         return cls(
@@ -325,7 +357,8 @@ class RayGroup:
 
     def _wait(self, refs: list[Any], phase: str, timeout_s: float | None = None, ranks=None) -> list[Any]:
         ranks = list(range(len(refs))) if ranks is None else ranks
-        return RayPending(self, refs, phase, ranks, timeout_s).wait()
+        setting = "RayGroup's start_timeout_s" if phase == "start" else "trainer.call_timeout_s"
+        return RayPending(self, refs, phase, ranks, timeout_s, setting).wait()
 
     def _submit(self, ranks: Sequence[int], method: str, args: tuple, kwargs: dict) -> RayPending:
         self._check_usable()
@@ -412,6 +445,15 @@ class RayGroup:
         self._kill()
         raise self._failure from None
 
+    def _time_out(self, ranks: list[int], phase: str, timeout_s: float, setting: str) -> WorkerTimeout:
+        """Ranks ``ranks`` are still in ``phase`` past the call's timeout: stop the group (a stuck actor
+        holds every later call behind it) and return the error, with the first stuck rank's log tail."""
+        where = self._info[ranks[0]] if ranks and ranks[0] < len(self._info) else {}
+        tail, note = worker_log_tail(where)
+        self._failure = WorkerTimeout(self.role, ranks, phase, timeout_s, self.engine, tail, note, setting)
+        self._kill()
+        return self._failure
+
     def _kill(self) -> None:
         import ray
 
@@ -442,6 +484,16 @@ def _standalone(slot: PoolSlot | None, device: str, options: dict[str, Any]) -> 
         start_ray()
         options = {**options, "resource": cluster_resource(device)}
     return options
+
+
+def _engine_source(kind: str, name: str) -> str:
+    """``engine 'x' from plugin 'y' (package version)``, as the workers' own errors name their engine;
+    ``engine 'x'`` when the driver does not know it (the worker then reports that)."""
+    from rlcore.cluster.workers import engine_source
+    from rlcore.plugins import registry
+
+    entries = registry(kind)
+    return engine_source(entries.entry(name)) if name in entries else f"engine {name!r}"
 
 
 def _log_files_by_pid(message: str) -> dict[str, Any]:

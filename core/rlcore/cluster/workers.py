@@ -136,8 +136,9 @@ class _ProcessRollout:
 _LOCAL_ROLLOUT = _ProcessRollout()
 
 
-#: Whether this process's workers may be told to die on cue (``RLCORE_TEST_DIE``, rlcore.testing.faults).
-_DIE_ON_CUE = bool(os.environ.get("RLCORE_TEST_DIE"))
+#: Whether this process's workers may be told to die or hang on cue (``RLCORE_TEST_DIE``,
+#: ``RLCORE_TEST_HANG``: rlcore.testing.faults).
+_FAULT_ON_CUE = bool(os.environ.get("RLCORE_TEST_DIE") or os.environ.get("RLCORE_TEST_HANG"))
 
 
 class Worker:
@@ -170,10 +171,11 @@ class Worker:
         Any exception becomes a :class:`WorkerError` naming role, rank and ``method``."""
         if method.startswith("_") or not callable(getattr(self, method, None)):
             raise WorkerError(self.role, self.rank, method, f"{type(self).__name__} has no method {method!r}")
-        if _DIE_ON_CUE:  # the tests of a worker's death (rlcore.testing.faults)
-            from rlcore.testing.faults import maybe_die
+        if _FAULT_ON_CUE:  # the tests of a worker's death or hang (rlcore.testing.faults)
+            from rlcore.testing.faults import maybe_die, maybe_hang
 
             maybe_die(self.role, self.rank, method)
+            maybe_hang(self.role, self.rank, method)
         args = tuple(from_wire(a) for a in args)
         kwargs = {k: from_wire(v) for k, v in kwargs.items()}
         start = time.perf_counter()

@@ -295,7 +295,9 @@ class TransportConfig:
     name: str = "auto"
     #: Bucket size of the weight stream in bytes.
     bucket_bytes: int = attrs.field(default=256 * 2**20, validator=_positive)
-    #: Seconds a collective transport (``broadcast``) waits for its peers.
+    #: Seconds a collective transport (``broadcast``) waits for its peers inside a worker (a torch
+    #: process-group timeout: the worker's call raises). Each phase of every sync is also a worker call,
+    #: bounded from the driver by ``trainer.call_timeout_s``, whichever comes first.
     timeout_s: float = 600.0
     #: Fail the run when the post-sync check's mean |trainer - rollout| log-prob exceeds this. ``auto``: a
     #: bound from the rollout's dtype (float32/float64 0.02, float16 0.05, bfloat16 0.1: ten times or more
@@ -400,6 +402,13 @@ class TrainerConfig:
     #: Overlapping modes: seconds the trainer waits for a generated batch before it stops the run with an
     #: error naming the rollout (a live rollout that is only slow: raise it).
     rollout_wait_timeout_s: float = 1800.0
+    #: ``trainer.backend: ray``: seconds any one call to a worker may run (a generate, a train step, each
+    #: phase of a weight sync: joining the transport's group, sending, receiving and loading; building
+    #: the engine) before the run stops with an error naming the role, the engine and its plugin, the
+    #: phase and the ranks still in it, with the tail of the first one's log. An engine that is only slow:
+    #: raise it. ``null``: no limit (a hung collective then waits forever). The ``local`` backend runs
+    #: every call in the driver's own thread, which cannot be interrupted: it has no such limit.
+    call_timeout_s: float | None = attrs.field(default=1800.0, validator=_positive)
     #: Colocated or hybrid placement: also move the train roles' weights and optimizer state off the devices while
     #: the rollout generates (room for a larger KV cache, at the cost of a copy each way every step).
     release_train_in_rollout: bool = False

@@ -1,19 +1,25 @@
-"""A worker process that dies on cue, for the tests of what the run does when one does.
+"""A worker process that dies or hangs on cue, for the tests of what the run does when one does.
 
 ``RLCORE_TEST_DIE="role:rank:method:nth:marker[,...]"`` in the environment of the run (the driver's, which
 Ray's workers of a local cluster inherit): the worker of ``role`` and ``rank`` ends its own process
 (``os._exit``, as a kill or the OOM killer would end it, nothing cleaned up) when ``method`` is called the
 ``nth`` time in that process, unless the file ``marker`` exists; it creates the file first, so the
 restarted workers of the same run do not die of the same cue again. Several cues, comma-separated.
+
+``RLCORE_TEST_HANG="role:rank:method:seconds[,...]"`` (in the worker's environment, e.g. a group's
+``env_vars``): the worker of ``role`` and ``rank`` sleeps ``seconds`` before every ``method`` call, as a
+collective whose peer never comes would hold it.
 """
 
 from __future__ import annotations
 
 import os
+import time
 from collections import Counter
 from pathlib import Path
 
 DIE_ENV = "RLCORE_TEST_DIE"
+HANG_ENV = "RLCORE_TEST_HANG"
 
 _calls: Counter[tuple[str, int, str]] = Counter()
 
@@ -37,3 +43,11 @@ def maybe_die(role: str, rank: int, method: str) -> None:
             continue
         Path(marker).write_text(f"{role} rank {rank} died in {method} call {nth} (pid {os.getpid()})\n")
         os._exit(137)
+
+
+def maybe_hang(role: str, rank: int, method: str) -> None:
+    """Sleep if :data:`HANG_ENV` names this call (see the module doc); else nothing."""
+    for cue in filter(None, os.environ.get(HANG_ENV, "").split(",")):
+        want_role, want_rank, want_method, seconds = cue.split(":", 3)
+        if (role, str(rank), method) == (want_role, want_rank, want_method):
+            time.sleep(float(seconds))

@@ -29,6 +29,8 @@ def build_roles(config: Any, train_roles: Sequence[str], on_built: Callable[[Any
         placement.create()
         on_built(placement)
     slot = (lambda role: placement.slot(role)) if placement is not None else (lambda role: None)
+    # Ray calls are bounded from the driver; local ones run in its thread, which nothing can interrupt.
+    ray_options = {"call_timeout_s": config.trainer.call_timeout_s} if backend == "ray" else {}
     builders: dict[str, Callable[[], Any]] = {
         name: functools.partial(
             make_train_role,
@@ -41,6 +43,7 @@ def build_roles(config: Any, train_roles: Sequence[str], on_built: Callable[[Any
             slot=slot(name),
             device=config.trainer.device,
             balance_batch=config.trainer.balance_batch,
+            **ray_options,
         )
         for name in train_roles
     }
@@ -53,6 +56,7 @@ def build_roles(config: Any, train_roles: Sequence[str], on_built: Callable[[Any
         backend=backend,
         slot=slot("rollout"),
         device=config.trainer.device,
+        **ray_options,
     )
     if backend == "ray" and config.trainer.placement == "hybrid":
         # The rollout is built inside the actor's processes, so after them.

@@ -298,7 +298,7 @@ def _report_failure(exc: BaseException, trainer: Any, run_dir: Path | None, cons
 def _expected(exc: BaseException) -> bool:
     """Errors whose message says everything (bad data, reward, config, a worker's own report)."""
     from rlcore.algorithms.dapo import DynamicSamplingExhausted
-    from rlcore.cluster.failures import WorkerError, WorkerFailure
+    from rlcore.cluster.failures import WorkerError, WorkerFailure, WorkerTimeout
     from rlcore.data import DataError
     from rlcore.plugins.registries import RegistryError
     from rlcore.rewards import RewardError
@@ -311,6 +311,7 @@ def _expected(exc: BaseException) -> bool:
         RegistryError,
         WorkerError,
         WorkerFailure,
+        WorkerTimeout,
         CheckpointError,
         DynamicSamplingExhausted,
         WeightSyncMismatch,
