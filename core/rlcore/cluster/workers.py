@@ -30,6 +30,7 @@ from rlcore.api import Batch, Completion, DistInfo, EngineSpec, RolloutSpec, Sam
 from rlcore.cluster import micro_batching
 from rlcore.cluster.failures import WorkerError
 from rlcore.cluster.wire import from_wire, to_wire
+from rlcore.testing.faults import maybe_skip_weights
 
 #: Where a worker process is: what :meth:`ping` returns, and what a failure report quotes.
 WorkerInfo = dict[str, Any]
@@ -574,14 +575,14 @@ class RolloutWorker(Worker):
         if callable(load_into):
             load_into(self.engine, handle)
         else:
-            self.engine.load_weights(receiver.receive(handle))
+            self.engine.load_weights(maybe_skip_weights(receiver.receive(handle)))
         stats = dict(getattr(receiver, "last_receive_stats", {}))
         stats["sync/load_seconds"] = time.perf_counter() - start
         return stats
 
     def load_weights(self, buckets: Iterable[Any]) -> None:
         """Load a weight stream handed over in this process (hybrid placement: the actor rank beside it)."""
-        self.engine.load_weights(buckets)
+        self.engine.load_weights(maybe_skip_weights(buckets))
 
     @reports_phase
     def release(self, tags: Sequence[str]) -> None:

@@ -299,10 +299,11 @@ class TransportConfig:
     #: process-group timeout: the worker's call raises). Each phase of every sync is also a worker call,
     #: bounded from the driver by ``trainer.call_timeout_s``, whichever comes first.
     timeout_s: float = 600.0
-    #: Fail the run when the post-sync check's mean |trainer - rollout| log-prob exceeds this. ``auto``: a
-    #: bound from the rollout's dtype (float32/float64 0.02, float16 0.05, bfloat16 0.1: ten times or more
-    #: what agreeing engines measured, far below a wrong engine's 0.6-2); a number: that bound; ``null``:
-    #: report only.
+    #: Fail the run when the post-sync check's trimmed mean |trainer - rollout| log-prob exceeds this.
+    #: ``auto``: calibrated on the run: the initial sync (same weights on both sides) measures the pair's
+    #: floor, which must stay under the dtype's cap (float32/float64 0.02, float16 0.1, bfloat16 0.3); each
+    #: later sync is bound by ``min(max(3 * floor, floor + margin), cap)`` (margin 0.005 fp32, 0.2 bf16;
+    #: docs/concepts.md). A number: that bound at every sync; ``null``: report only.
     max_logprob_diff: float | str | None = attrs.field(default="auto", validator=_auto_or_non_negative)
     #: Probe prompts for the post-sync check (0 disables it).
     check_prompts: int = 2

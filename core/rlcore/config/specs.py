@@ -137,26 +137,59 @@ def role_world_size(config: Any, role: str) -> int:
     return sizes.get(role, config.actor.world_size)
 
 
-#: The post-sync check's bound on the mean |trainer - rollout| log-prob per rollout dtype
-#: (``transport.max_logprob_diff: auto``). Agreeing engines measured: fp32 1e-5 on the CPU, 0.0003-0.0035
-#: on GPUs (TF32 matmuls); bf16 0.0003-0.0105 (0.5B, vLLM and SGLang against FSDP and Megatron). A wrong
-#: engine: 0.6-2 (a stale prefix cache, an unsent lm_head, log-probs of the argmax token).
-LOGPROB_DIFF_BY_DTYPE = {"float64": 0.02, "float32": 0.02, "float16": 0.05, "bfloat16": 0.1}
+#: The post-sync check's absolute cap on the trimmed mean |trainer - rollout| log-prob per dtype (the less
+#: precise of rollout and trainer; ``transport.max_logprob_diff: auto``). Healthy pairs measured: fp32 1e-5
+#: on the CPU, 0.0003-0.0035 on GPUs (TF32 matmuls); bf16 0.0003-0.0105 (random-weight 0.5B), 0.05-0.07 at
+#: the first sync of SmolLM2 (fp32 trainer, bf16 rollout), up to 0.19 with a LoRA adapter merged into bf16
+#: weights. A wrong engine: 0.6-2 (a stale prefix cache, an unsent lm_head, argmax log-probs on random
+#: weights); on SmolLM2 docs/benchmarks.md has the argmax and temperature-ignoring gaps.
+LOGPROB_DIFF_BY_DTYPE = {"float64": 0.02, "float32": 0.02, "float16": 0.1, "bfloat16": 0.3}
+
+#: A later sync may reach ``max(SYNC_FLOOR_FACTOR * floor, floor + margin)`` (capped as above), the floor
+#: being the same statistic at the initial sync, when rollout and trainer hold the same weights.
+SYNC_FLOOR_FACTOR = 3.0
+#: The margin over the floor per dtype: what training moves a healthy pair's gap by (bf16 on SmolLM2:
+#: 0.05-0.07 at the first sync, 0.14-0.19 with a merged LoRA adapter: a margin of 0.2).
+SYNC_FLOOR_MARGIN = {"float64": 0.005, "float32": 0.005, "float16": 0.05, "bfloat16": 0.2}
+#: The range of the gap a bf16 engine against an fp32 one gives (the check's dtype diagnosis).
+DTYPE_GAP = (0.02, 0.3)
+
+_PRECISION = ("float64", "float32", "float16", "bfloat16")
+
+
+def check_dtype(config: Any) -> str:
+    """The dtype the post-sync check's numbers are taken from: the less precise of the rollout's and the
+    trainer's (``model.dtype``)."""
+    pair = [rollout_dtype_name(config), config.model.dtype]
+    return max(pair, key=lambda d: _PRECISION.index(d) if d in _PRECISION else -1)
 
 
 def logprob_diff_threshold(config: Any) -> float | None:
-    """``transport.max_logprob_diff`` as a number: ``auto`` becomes the rollout dtype's bound
-    (:data:`LOGPROB_DIFF_BY_DTYPE`), ``None`` stays (report only)."""
+    """``transport.max_logprob_diff`` as a number: ``auto`` becomes the check dtype's cap
+    (:data:`LOGPROB_DIFF_BY_DTYPE`, :func:`check_dtype`), ``None`` stays (report only)."""
     value = config.transport.max_logprob_diff
     if value != "auto":
         return value
-    dtype = rollout_dtype_name(config)
+    dtype = check_dtype(config)
     if dtype not in LOGPROB_DIFF_BY_DTYPE:
         raise ValueError(
-            f"transport.max_logprob_diff: auto has no bound for the rollout dtype {dtype!r} (known: "
+            f"transport.max_logprob_diff: auto has no bound for the dtype {dtype!r} (known: "
             f"{', '.join(LOGPROB_DIFF_BY_DTYPE)}); set a number, or null to only report the gap"
         )
     return LOGPROB_DIFF_BY_DTYPE[dtype]
+
+
+def sync_check_bound(config: Any, floor: float | None) -> float | None:
+    """The bound of one post-sync check: ``auto`` with a measured ``floor`` is
+    ``min(max(SYNC_FLOOR_FACTOR * floor, floor + margin), cap)``, without one (the sync that measures it)
+    the cap; a number is that number at every sync; ``None`` (report only) stays."""
+    cap = logprob_diff_threshold(config)
+    if config.transport.max_logprob_diff != "auto" or floor is None:
+        return cap
+    from rlcore.rollout.sync_check import sync_bound
+
+    margin = SYNC_FLOOR_MARGIN[check_dtype(config)]
+    return sync_bound(floor, factor=SYNC_FLOOR_FACTOR, margin=margin, cap=cap)
 
 
 #: ``trainer.max_staleness: null`` by mode.

@@ -137,6 +137,8 @@ class StepContext:
     kl_ctrl: Any = None
     #: token ids of the prompts the post-sync check generates from
     probe_prompts: list[list[int]] = attrs.Factory(list)
+    #: the post-sync check's floor, measured at this process's first check (the initial sync)
+    sync_floor: Any = None
     seed: int = 0
     step: int = 0
     timer: PhaseTimer = attrs.Factory(PhaseTimer)

@@ -37,7 +37,7 @@ import torch
 from rlcore.algorithms import compute_advantage
 from rlcore.algorithms.kl import apply_kl_penalty
 from rlcore.api import Batch, Completion
-from rlcore.config.specs import logprob_diff_threshold, off_policy_correction, rollout_dtype_name
+from rlcore.config.specs import DTYPE_GAP, off_policy_correction, rollout_dtype_name, sync_check_bound
 from rlcore.flows.context import StepContext
 from rlcore.rollout.batching import completions_to_batch
 from rlcore.rollout.sync_check import compare_log_probs
@@ -336,35 +336,60 @@ def check_due(ctx: StepContext) -> bool:
 
 
 def sync_weights(ctx: StepContext) -> dict[str, float]:
-    """Push the actor's weights to every rollout engine, then, when :func:`check_due`, run the post-sync
-    check: the rollout generates from the probe prompts and the actor scores the same tokens;
-    ``sync/logprob_diff_mean`` above ``transport.max_logprob_diff`` (by default a bound from the rollout
-    dtype) stops the run (:class:`~rlcore.rollout.sync_check.WeightSyncMismatch`, naming both engines'
-    plugins)."""
+    """Push the actor's weights to every rollout engine, then, when :func:`check_due` (and always at this
+    process's first sync, the initial one), run the post-sync check: the rollout samples
+    :data:`~rlcore.rollout.sync_check.PROBE_SAMPLES` responses to each probe prompt and the actor scores
+    the same tokens. The first check measures the pair's floor (``ctx.sync_floor``: both hold the same
+    weights); under ``transport.max_logprob_diff: auto`` later checks are bound by it
+    (:func:`~rlcore.config.specs.sync_check_bound`), the first by the dtype's cap. A trimmed mean
+    |difference| above the bound stops the run (:class:`~rlcore.rollout.sync_check.WeightSyncMismatch`,
+    naming both engines' plugins, floor, bound and value, and the mistake the gap matches)."""
     from rlcore.cluster.roles import sync_weights as push
+    from rlcore.rollout.sync_check import PROBE_SAMPLES, SyncFloor, check_against_floor, diagnose
 
     with ctx.phase("sync_weights"):
         ctx.memory.use("sync")
         metrics = push(ctx.actor, ctx.rollout, ctx.transport, rollout_dtype_name(ctx.config))
-        if check_due(ctx):
+        if ctx.probe_prompts and (check_due(ctx) or ctx.sync_floor is None):
             ctx.memory.use("check")
             params = ctx.sampling_params(
-                n=1, max_tokens=min(PROBE_TOKENS, ctx.config.rollout.max_response_length)
+                n=PROBE_SAMPLES, max_tokens=min(PROBE_TOKENS, ctx.config.rollout.max_response_length)
             )
             completions = ctx.rollout.generate(ctx.probe_prompts, params)
             probe = completions_to_batch(completions, ctx.pad_token_id)
             if bool(probe["response_mask"].any()):
                 trainer = ctx.actor.infer(probe, ("log_probs",))
-                metrics.update(
-                    compare_log_probs(
-                        probe["rollout_log_probs"],
-                        trainer["log_probs"],
-                        probe["response_mask"],
-                        threshold=logprob_diff_threshold(ctx.config),
-                        train_engine=_label("train_engines", ctx.config.engine),
-                        rollout_engine=_label("rollout_engines", ctx.config.rollout.engine),
+                args = (probe["rollout_log_probs"], trainer["log_probs"], probe["response_mask"])
+                found = compare_log_probs(*args)
+                floor = ctx.sync_floor
+                if floor is None:
+                    floor = ctx.sync_floor = SyncFloor(
+                        found["sync/logprob_diff_trimmed"], int(found["sync/probe_tokens"])
                     )
-                )
+                    measured = None
+                else:
+                    measured = floor
+                bound = sync_check_bound(ctx.config, None if measured is None else floor.value)
+                found.update({"sync/floor": floor.value, **({} if bound is None else {"sync/bound": bound})})
+                metrics.update(found)
+                if bound is not None:
+                    cfg = ctx.config
+                    check_against_floor(
+                        found,
+                        *args,
+                        floor=measured,
+                        bound=bound,
+                        diagnosis=diagnose(
+                            *args,
+                            temperature=params.temperature,
+                            rollout_dtype=rollout_dtype_name(cfg),
+                            train_dtype=cfg.model.dtype,
+                            dtype_gap=DTYPE_GAP,
+                            value=found["sync/logprob_diff_trimmed"],
+                        ),
+                        train_engine=_label("train_engines", cfg.engine),
+                        rollout_engine=_label("rollout_engines", cfg.rollout.engine),
+                    )
     ctx.record(metrics)
     return metrics
 

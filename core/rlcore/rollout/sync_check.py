@@ -17,6 +17,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
+import attrs
 import torch
 
 from rlcore.algorithms.mismatch import mismatch_metrics
@@ -55,7 +56,8 @@ def compare_log_probs(
     Returns, each under ``sync/``: ``logprob_diff_mean`` (mean absolute difference over masked tokens),
     ``logprob_diff_p50``, ``_p90``, ``_p99`` and ``_max`` (its quantiles and maximum),
     ``mismatch_k3_kl`` (the k3 estimate of KL(rollout || trainer)) and ``mismatch_ppl_ratio`` (trainer
-    over rollout perplexity, averaged over sequences). With a
+    over rollout perplexity, averaged over sequences), ``logprob_diff_trimmed`` (:func:`trimmed_mean`, the
+    calibrated check's statistic) and ``probe_tokens``. With a
     ``threshold``, a mean difference above it raises :class:`WeightSyncMismatch` naming both engines,
     the size of the gap, the worst token, and the usual causes. ``train_engine`` and ``rollout_engine``
     name the engines in that message as given (the run passes ``'vllm' (plugin 'vllm')``).
@@ -71,6 +73,8 @@ def compare_log_probs(
     if not mask.any():
         raise ValueError("compare_log_probs: response_mask selects no token; the probe batch is empty")
     metrics = {f"sync/{k}": v for k, v in mismatch_metrics(rollout, trainer, mask).items()}
+    metrics["sync/logprob_diff_trimmed"] = trimmed_mean((rollout - trainer).abs()[mask])
+    metrics["sync/probe_tokens"] = float(mask.sum())
     worst = int((rollout - trainer).abs().masked_fill(~mask, 0.0).argmax())
     row, col = divmod(worst, mask.shape[1])
     if threshold is not None and metrics["sync/logprob_diff_mean"] > threshold:
@@ -107,3 +111,135 @@ def _rollout_tensor(values: Sequence[Sequence[float]] | torch.Tensor, mask: torc
             )
         out[b, mask[b]] = torch.as_tensor(list(row), dtype=torch.float64)
     return out
+
+
+# --- the calibrated check -------------------------------------------------------------------------------
+
+#: Samples the post-sync check draws per probe prompt: 2 prompts x 8 samples x 16 tokens = 256 tokens, so
+#: the trimmed mean of |difference| moves by about 10% between probes of a healthy pair (bf16 on
+#: SmolLM2: per-token |difference| has a standard deviation about 1.5 times its mean, 1.5 / sqrt(256)),
+#: against 30% on the 22-32 tokens of one sample per prompt (docs/benchmarks.md).
+PROBE_SAMPLES = 8
+
+#: Share of the largest |differences| the check's statistic drops: one token of 256 an engine's kernels
+#: round the other way near a tie moves the plain mean by up to 0.002 (bf16), the trimmed one not at all.
+TRIM = 0.01
+
+
+def trimmed_mean(values: torch.Tensor) -> float:
+    """Mean of ``values`` (1-D) without its largest :data:`TRIM` share (none below 100 values)."""
+    keep = values.numel() - int(values.numel() * TRIM)
+    return float(values.sort().values[:keep].mean())
+
+
+@attrs.define(frozen=True)
+class SyncFloor:
+    """The pair's own numerical floor: the check's statistic (:func:`trimmed_mean` of |rollout - trainer|
+    log-prob) when both held the same weights (the initial sync, before any update), over ``tokens``."""
+
+    value: float
+    tokens: int
+
+
+def sync_bound(floor: float, *, factor: float, margin: float, cap: float) -> float:
+    """What a later sync may reach: ``min(max(factor * floor, floor + margin), cap)``."""
+    return min(max(factor * floor, floor + margin), cap)
+
+
+def diagnose(
+    rollout_log_probs: torch.Tensor,
+    trainer_log_probs: torch.Tensor,
+    response_mask: torch.Tensor,
+    *,
+    temperature: float,
+    rollout_dtype: str,
+    train_dtype: str,
+    dtype_gap: tuple[float, float],
+    value: float,
+) -> str | None:
+    """Which known mistake the gap matches, when one does; ``None`` otherwise.
+
+    - argmax: the rollout's log-probs are above the trainer's on (nearly) every token that differs: the
+      log-prob of the most likely token is never below the sampled one's;
+    - temperature: at a temperature other than 1, a gap above a dtype's that is not one-sided (ignoring
+      the temperature moves likely tokens' log-probs one way and unlikely ones' the other);
+    - dtype: the gap is of the size a bf16-against-fp32 pair gives (``dtype_gap``: low, high).
+    """
+    mask = response_mask.detach().to("cpu").bool()
+    signed = (rollout_log_probs.to("cpu", torch.float64) - trainer_log_probs.to("cpu", torch.float64))[mask]
+    tol = max(1e-3, 0.1 * value)
+    differing = signed[signed.abs() > tol]
+    if differing.numel() >= 8:
+        above = float((differing > 0).double().mean())
+        if above >= 0.9:
+            return (
+                f"the rollout's log-probs are above the trainer's on {above:.0%} of the tokens where they differ "
+                "by more than noise: the gap matches an engine that reports the log-prob of the most likely "
+                "token (argmax), not of the sampled one"
+            )
+    if temperature not in (0.0, 1.0) and value > dtype_gap[0]:
+        below = float((signed < 0).double().mean())
+        return (
+            f"at temperature {temperature:g}, a gap that is not one-sided (the rollout's log-probs below the "
+            f"trainer's on {below:.0%} of the tokens) matches an engine that ignores the temperature in its "
+            f"log-probs (log_softmax(z) instead of log_softmax(z / {temperature:g}))"
+        )
+    low, high = dtype_gap
+    if low <= value <= high:
+        pair = f"rollout {rollout_dtype}, trainer {train_dtype}"
+        if rollout_dtype == train_dtype:
+            return (
+                f"the gap is of the size a bf16 engine against an fp32 one gives ({low:g}-{high:g}) while both "
+                f"are configured {rollout_dtype} ({pair}): does one engine compute in bf16 (vLLM defaults fp32 "
+                "checkpoints to bf16; rollout.dtype)?"
+            )
+        return f"the gap is of the size a dtype difference gives ({pair}: {low:g}-{high:g})"
+    return None
+
+
+def check_against_floor(
+    metrics: dict[str, float],
+    rollout_log_probs: torch.Tensor,
+    trainer_log_probs: torch.Tensor,
+    response_mask: torch.Tensor,
+    *,
+    floor: SyncFloor | None,
+    bound: float,
+    diagnosis: str | None,
+    train_engine: str,
+    rollout_engine: str,
+) -> None:
+    """Raise :class:`WeightSyncMismatch` when ``metrics['sync/logprob_diff_trimmed']`` exceeds ``bound``,
+    saying floor, bound and value, the worst token, the matching mistake (``diagnosis``) or else the
+    usual causes. ``floor`` is ``None`` at the sync that measures it (the value is then the floor, and the
+    bound the absolute cap)."""
+    value = metrics["sync/logprob_diff_trimmed"]
+    if value <= bound:
+        return
+    mask = response_mask.detach().to("cpu").bool()
+    rollout = rollout_log_probs.detach().to("cpu", torch.float64)
+    trainer = trainer_log_probs.detach().to("cpu", torch.float64)
+    worst = int((rollout - trainer).abs().masked_fill(~mask, 0.0).argmax())
+    row, col = divmod(worst, mask.shape[1])
+    tokens = int(mask.sum())
+    if floor is None:
+        where = (
+            f"at the initial sync (both on the same weights) their floor, the trimmed mean |difference| "
+            f"{value:.4g} over {tokens} tokens, exceeds the bound {bound:g} (the absolute cap of the dtype)"
+        )
+    else:
+        where = (
+            f"the trimmed mean |difference| {value:.4g} over {tokens} tokens exceeds the bound {bound:.4g} "
+            f"(floor {floor.value:.4g} over {floor.tokens} tokens at the initial sync)"
+        )
+    if diagnosis is not None:
+        why = f"Diagnosis: {diagnosis}."
+    else:
+        causes = "\n".join(f"  - {c}" for c in CAUSES)
+        why = f"Usual causes:\n{causes}"
+    raise WeightSyncMismatch(
+        f"after the weight sync, rollout {rollout_engine} and train engine {train_engine} disagree on "
+        f"log-probs: {where} (mean {metrics['sync/logprob_diff_mean']:.4g}, max "
+        f"{metrics['sync/logprob_diff_max']:.4g} at row {row}, token {col}: rollout "
+        f"{float(rollout[row, col]):.4f} vs trainer {float(trainer[row, col]):.4f}). {why}"
+    )

@@ -51,3 +51,24 @@ def maybe_hang(role: str, rank: int, method: str) -> None:
         want_role, want_rank, want_method, seconds = cue.split(":", 3)
         if (role, str(rank), method) == (want_role, want_rank, want_method):
             time.sleep(float(seconds))
+
+
+#: ``RLCORE_TEST_SKIP_WEIGHTS="prefix:from_sync"``: every rollout worker leaves out of the weight streams it
+#: loads the tensors whose name starts with ``prefix`` (one layer: ``model.layers.1.``), from its
+#: ``from_sync``-th load on (1 is the initial sync), as a sync whose names for one layer mapped to nothing
+#: would; the engine keeps that layer's old weights. For the post-sync check's tests.
+SKIP_WEIGHTS_ENV = "RLCORE_TEST_SKIP_WEIGHTS"
+
+_loads: Counter[str] = Counter()
+
+
+def maybe_skip_weights(buckets):
+    """``buckets`` (a weight stream), less what :data:`SKIP_WEIGHTS_ENV` names; as is when it is unset."""
+    spec = os.environ.get(SKIP_WEIGHTS_ENV)
+    if not spec:
+        return buckets
+    prefix, from_sync = spec.rsplit(":", 1)
+    _loads[spec] += 1
+    if _loads[spec] < int(from_sync):
+        return buckets
+    return ([(n, t) for n, t in bucket if not n.startswith(prefix)] for bucket in buckets)

@@ -71,6 +71,10 @@ class ArgmaxFake(ArgmaxLogProbs, FakeRollout):
     pass
 
 
+class NoTemperatureFake(NoTemperatureLogProbs, FakeRollout):
+    pass
+
+
 def build_hf(cls, tiny_model_path):
     return cls(RolloutSpec(model_path=str(tiny_model_path)), HFRolloutConfig(), get_platform("cpu"))
 
@@ -145,7 +149,8 @@ def test_a_run_with_the_argmax_engine_stops_at_the_first_sync_naming_its_plugin(
     assert not result.ok and result.steps == 0  # not one optimizer step on the wrong log-probs
     assert "WeightSyncMismatch" in result.error
     assert "rollout 'argmax' (plugin 'rlcore-argmax') and train engine 'fake'" in result.error
-    assert "exceeds the threshold 0.02" in result.error
+    assert "exceeds the bound 0.02 (the absolute cap of the dtype)" in result.error
+    assert "the most likely token (argmax)" in result.error
 
 
 def test_the_same_run_with_the_check_off_trains(tmp_path, tiny_model_path, argmax_plugin):
@@ -170,3 +175,53 @@ def test_the_same_run_with_the_check_off_trains(tmp_path, tiny_model_path, argma
         trainer.close()
     assert trainer.step == 1
     assert history[0]["sync/logprob_diff_mean"] > 0.02
+
+
+@pytest.fixture
+def no_temperature_plugin():
+    rollouts = registry("rollout_engines")
+    rollouts.register("notemp", NoTemperatureFake, plugin="rlcore-notemp", config=FakeRolloutConfig)
+    yield "notemp"
+    rollouts.remove_plugin("rlcore-notemp")
+
+
+def _run(tmp_path, tiny_model_path, **extra):
+    from rlcore.trainer.run import run_training
+
+    files = task.write_task(tmp_path / "task")
+    config = task.task_config(tmp_path, files, model__path=tiny_model_path, trainer__val_freq=0, **extra)
+    return run_training(config)
+
+
+def test_a_run_with_the_temperature_ignoring_engine_stops_at_the_first_sync(
+    tmp_path, tiny_model_path, no_temperature_plugin
+):
+    result = _run(tmp_path, tiny_model_path, rollout__engine=no_temperature_plugin, rollout__temperature=0.7)
+    assert not result.ok and result.steps == 0
+    assert "rollout 'notemp' (plugin 'rlcore-notemp')" in result.error
+    assert "exceeds the bound 0.02 (the absolute cap of the dtype)" in result.error
+    assert "ignores the temperature in its log-probs" in result.error
+
+
+def test_a_planted_broken_sync_stops_at_the_first_trained_sync(tmp_path, tiny_model_path, monkeypatch):
+    # From the second load on (the sync after step 1), the rollout keeps the MLP block's initial weights
+    # (the tiny model's one layer; on a Llama this would be "model.layers.1.").
+    from rlcore.testing.faults import SKIP_WEIGHTS_ENV
+
+    monkeypatch.setenv(SKIP_WEIGHTS_ENV, "model.mlp.:2")
+    result = _run(tmp_path, tiny_model_path, trainer__total_steps=2, actor__optim__lr=0.05)
+    assert not result.ok, "the initial sync passed, the first trained one must not"
+    assert "training stopped at step 1 in phase 'sync_weights': WeightSyncMismatch" in result.error
+    assert "rollout 'fake' (plugin 'rlcore.testing.plugin') and train engine 'fake'" in result.error
+    assert "(floor " in result.error and "tokens at the initial sync)" in result.error
+    assert "part of the weight stream was not applied" in result.error
+
+
+def test_a_healthy_run_reports_floor_bound_and_value(tmp_path, tiny_model_path):
+    result = _run(tmp_path, tiny_model_path, trainer__total_steps=2, transport__check_interval=1)
+    assert result.ok, result.error
+    checked = [r for r in result.history if "sync/bound" in r]
+    assert len(checked) == 3  # the initial sync and both trained ones
+    for r in checked:  # fp32 pair on the CPU: floor near 1e-5, bound floor + 0.005
+        assert r["sync/probe_tokens"] >= 64
+        assert r["sync/floor"] < 1e-3 and r["sync/logprob_diff_trimmed"] <= r["sync/bound"] <= 0.02
