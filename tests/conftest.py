@@ -3,8 +3,10 @@
 from __future__ import annotations
 
 import os
+import signal
 import subprocess
 import sys
+import time
 from collections.abc import Callable
 from pathlib import Path
 
@@ -50,3 +52,44 @@ def default_run(tmp_path_factory) -> tuple[str, Path]:
     return run_rlcore_train(
         tmp_path_factory.mktemp("default"), "default", f"trainer.total_steps={DEFAULT_RUN_STEPS}"
     )
+
+
+def _train_env(tmp_path: Path) -> dict[str, str]:
+    """The environment of an ``rlcore train`` subprocess: the built-in model built like on a fresh machine,
+    no Ray cluster to join."""
+    env = {**os.environ, "RLCORE_CACHE_DIR": str(tmp_path / "cache"), "COLUMNS": "200"}
+    env.pop("RAY_ADDRESS", None)
+    return env
+
+
+def _kill_after_steps(args: list[str], env: dict[str, str], cwd: Path, run_dir: Path, steps: int = 5) -> None:
+    """Start ``args`` (an ``rlcore train``) and SIGKILL it, with everything it started (Ray included), once
+    ``trained_samples.jsonl`` lists ``steps`` steps; fail if the run ends first."""
+    from rlcore.telemetry.samples import SAMPLES_FILE, read_samples
+
+    proc = subprocess.Popen(
+        args, env=env, cwd=cwd, start_new_session=True, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL
+    )
+    try:
+        deadline = time.monotonic() + 600
+        while time.monotonic() < deadline and proc.poll() is None:
+            samples = run_dir / SAMPLES_FILE
+            if samples.is_file() and len(read_samples(samples)) >= steps:
+                break
+            time.sleep(0.2)
+        assert proc.poll() is None, "the run ended before it could be killed"
+    finally:
+        os.killpg(proc.pid, signal.SIGKILL)
+        proc.wait()
+
+
+@pytest.fixture
+def train_env() -> Callable[[Path], dict[str, str]]:
+    """:func:`_train_env`."""
+    return _train_env
+
+
+@pytest.fixture
+def kill_after_steps() -> Callable[..., None]:
+    """:func:`_kill_after_steps`."""
+    return _kill_after_steps

@@ -12,11 +12,8 @@ and the default rollout (on a CPU the HF rollout: inside the actor for the synch
 
 from __future__ import annotations
 
-import os
-import signal
 import subprocess
 import sys
-import time
 from pathlib import Path
 
 import pytest
@@ -87,7 +84,7 @@ def test_async_within_two_versions_keeps_its_bound_and_runs_two_versions_ahead(t
     # The lockstep schedule: step k is sampled under version k - 3 exactly, whatever the threads' speeds
     # (a loaded machine included), so every assertion below is decided by seeds, not timing. Whether the
     # run learns is the stream's three-seed test (tests/test_e2e_stream.py), whose runs are deterministic.
-    steps = 8
+    steps = 6
     run = train(
         tmp_path,
         "async2",
@@ -113,9 +110,10 @@ def test_async_within_two_versions_keeps_its_bound_and_runs_two_versions_ahead(t
     assert all(generated[k] == max(0, k - 3) for k in range(1, steps + 1))
 
 
-def test_a_killed_driver_resumes_without_training_a_prompt_twice_or_losing_one(sync_run, tmp_path):
-    env = {**os.environ, "RLCORE_CACHE_DIR": str(tmp_path / "cache"), "COLUMNS": "200"}
-    env.pop("RAY_ADDRESS", None)
+def test_a_killed_driver_resumes_without_training_a_prompt_twice_or_losing_one(
+    sync_run, tmp_path, train_env, kill_after_steps
+):
+    env = train_env(tmp_path)
     args = [
         str(RLCORE),
         "train",
@@ -133,26 +131,8 @@ def test_a_killed_driver_resumes_without_training_a_prompt_twice_or_losing_one(s
         "trainer.loggers=[jsonl]",
     ]
     run_dir = tmp_path / "runs" / "killed"
-    proc = subprocess.Popen(
-        args,
-        env=env,
-        cwd=tmp_path,
-        start_new_session=True,
-        stdout=subprocess.DEVNULL,
-        stderr=subprocess.DEVNULL,
-    )
-    try:
-        deadline = time.monotonic() + 600
-        # Past the step-3 checkpoint, with the rollout thread ahead: batches generated but not trained.
-        while time.monotonic() < deadline and proc.poll() is None:
-            samples = run_dir / SAMPLES_FILE
-            if samples.is_file() and len(read_samples(samples)) >= 5:
-                break
-            time.sleep(0.2)
-        assert proc.poll() is None, "the run ended before it could be killed"
-    finally:
-        os.killpg(proc.pid, signal.SIGKILL)  # the driver and everything it started (Ray included)
-        proc.wait()
+    # Past the step-3 checkpoint, with the rollout thread ahead: batches generated but not trained.
+    kill_after_steps(args, env, tmp_path, run_dir)
     before = read_samples(run_dir / SAMPLES_FILE)
     assert len(before) >= 5
     saved = int((run_dir / "checkpoints" / "latest").read_text().strip().removeprefix("step_"))

@@ -10,12 +10,9 @@ FSDP engine and the HF rollout on one shared pool (the default layout: the rollo
 
 from __future__ import annotations
 
-import os
-import signal
 import statistics
 import subprocess
 import sys
-import time
 from collections import Counter
 from pathlib import Path
 
@@ -105,9 +102,10 @@ def _trained_and_pending(run_dir: Path) -> tuple[list[int], list[int]]:
     return trained, load_state(latest_checkpoint(run_dir))["stream"]["pending"]
 
 
-def test_a_killed_stream_resumes_without_training_a_prompt_twice_or_losing_one(default_run, tmp_path):
-    env = {**os.environ, "RLCORE_CACHE_DIR": str(tmp_path / "cache"), "COLUMNS": "200"}
-    env.pop("RAY_ADDRESS", None)
+def test_a_killed_stream_resumes_without_training_a_prompt_twice_or_losing_one(
+    default_run, tmp_path, train_env, kill_after_steps
+):
+    env = train_env(tmp_path)
     steps = 9
     args = [
         str(RLCORE),
@@ -121,25 +119,7 @@ def test_a_killed_stream_resumes_without_training_a_prompt_twice_or_losing_one(d
         "trainer.loggers=[jsonl]",
     ]
     run_dir = tmp_path / "runs" / "killed"
-    proc = subprocess.Popen(
-        args,
-        env=env,
-        cwd=tmp_path,
-        start_new_session=True,
-        stdout=subprocess.DEVNULL,
-        stderr=subprocess.DEVNULL,
-    )
-    try:
-        deadline = time.monotonic() + 600
-        while time.monotonic() < deadline and proc.poll() is None:  # past the step-3 checkpoint
-            samples = run_dir / SAMPLES_FILE
-            if samples.is_file() and len(read_samples(samples)) >= 5:
-                break
-            time.sleep(0.2)
-        assert proc.poll() is None, "the run ended before it could be killed"
-    finally:
-        os.killpg(proc.pid, signal.SIGKILL)
-        proc.wait()
+    kill_after_steps(args, env, tmp_path, run_dir)  # past the step-3 checkpoint
     saved = int((run_dir / "checkpoints" / "latest").read_text().strip().removeprefix("step_"))
     assert saved >= 3
     done = subprocess.run(args, env=env, cwd=tmp_path, capture_output=True, text=True, timeout=900)
