@@ -142,7 +142,10 @@ def test_the_post_sync_check_reports_them_under_sync():
     trainer, mask = padded(trainer_rows, 0.0), mask_of(rollout_rows)
     got = compare_log_probs(rollout_rows, trainer, mask)  # the rollout's rows as Completion lists
     want = reference(rollout_rows, as_float32(trainer_rows))  # lists go in as float64, unrounded
-    assert sorted(got) == sorted(f"sync/{k}" for k in want)
+    # Beside the mismatch metrics, the calibrated check's own statistic and its token count.
+    extra = {"sync/logprob_diff_trimmed", "sync/probe_tokens"}
+    assert sorted(got) == sorted([*(f"sync/{k}" for k in want), *extra])
+    assert got["sync/probe_tokens"] == float(mask.sum())
     for key, value in want.items():
         assert got[f"sync/{key}"] == pytest.approx(value, rel=1e-12, abs=1e-15), key
 
