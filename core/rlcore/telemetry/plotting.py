@@ -35,8 +35,9 @@ LINES = {
     GAP: tuple(
         (f"{source}/logprob_diff_{stat}", f"{stat} ({what})")
         for source, what in (("rollout", "batch"), ("sync", "post-sync check"))
-        for stat in ("p50", "p90", "p99", "max")
-    ),
+        for stat in ("p50", "p90", "p99", "max", "trimmed")
+    )
+    + (("sync/bound", "bound (post-sync check)"),),
 }
 #: Points drawn over a panel's line when present: panel title -> ((key, label), ...).
 OVERLAYS = {"reward (validation)": (("val/reward_after_sft", "after the SFT warm-up"),)}
