@@ -119,13 +119,7 @@ def plot_timeline(
     ax.legend(
         handles, phases, loc="upper center", bbox_to_anchor=(0.5, -0.25), ncol=min(len(phases), 6), fontsize=8
     )
-    if title:
-        ax.set_title(title)
-    fig.tight_layout()
-    out = Path(path)
-    fig.savefig(out, dpi=110)
-    plt.close(fig)
-    return out
+    return _save(fig, ax, path, title)
 
 
 _ROLE_ORDER = {"rollout": 0, "reward": 1, "actor": 2, "reference": 3, "critic": 4, "driver": 5}
@@ -159,6 +153,12 @@ def plot_requests(lines: Sequence[Mapping[str, Any]], path: str | os.PathLike, t
     ax.set_ylabel("group (admission order)")
     handles = [plt.Line2D([0], [0], color=c) for c in colours.values()]
     ax.legend(handles, list(colours), loc="upper left", fontsize=8)
+    return _save(fig, ax, path, title)
+
+
+def _save(fig: Any, ax: Any, path: str | os.PathLike, title: str) -> Path:
+    import matplotlib.pyplot as plt
+
     if title:
         ax.set_title(title)
     fig.tight_layout()
