@@ -151,7 +151,9 @@ class Trainer:
         self._overlap_setup()
         self.stream = self._stream_setup()
         if self.resumed_from is not None and self.stream is not None:
-            self.stream.load_state_dict(ckpt.load_state(self.resumed_from).get("stream") or {"pending": [], "seq": 0})
+            self.stream.load_state_dict(
+                ckpt.load_state(self.resumed_from).get("stream") or {"pending": [], "seq": 0}
+            )
         self.sinks = build_loggers(
             cfg.trainer.loggers,
             self.run_dir,
@@ -393,7 +395,9 @@ class Trainer:
         metrics["timing/step"] = step_s
         if self.stream is not None and step_s > 0:
             # One pool: the rollout idles while the roles it shares the devices with train and sync.
-            metrics["stream/rollout_idle_share"] = max(0.0, 1.0 - metrics.get("timing/generate", 0.0) / step_s)
+            metrics["stream/rollout_idle_share"] = max(
+                0.0, 1.0 - metrics.get("timing/generate", 0.0) / step_s
+            )
         if ctx.trained is not None:
             self.samples.write(self.step, self.step - 1, ctx.trained)
         # Inside the phases' times (each phase moves memory as it starts): what colocation costs.
