@@ -36,6 +36,8 @@ Both compute in float64 whatever the inputs' dtype.
 
 from __future__ import annotations
 
+from typing import Any
+
 import torch
 
 #: The quantiles of ``|log r|`` :func:`mismatch_metrics` reports, as ``logprob_diff_p<100 q>``.
@@ -84,15 +86,19 @@ def mismatch_metrics(rollout: torch.Tensor, trainer: torch.Tensor, mask: torch.T
     if not metrics:
         return metrics
     log_r, keep = _log_ratio(rollout, trainer, mask)
+    # A sort rather than torch.quantile, which refuses inputs over 16M elements (a large batch's tokens).
     diffs = log_r.abs()[keep].sort().values
-    # Linear interpolation between the order statistics around q (n - 1), as numpy's default; a sort
-    # rather than torch.quantile, which refuses inputs over 16M elements (a large batch's tokens).
-    last = diffs.numel() - 1
     for q in QUANTILES:
-        position = q * last
-        low = int(position)
-        high = min(low + 1, last)
-        value = diffs[low] + (position - low) * (diffs[high] - diffs[low])
-        metrics[f"logprob_diff_p{round(100 * q)}"] = float(value)
-    metrics["logprob_diff_max"] = float(diffs[last])
+        metrics[f"logprob_diff_p{round(100 * q)}"] = float(sorted_quantile(diffs, q))
+    metrics["logprob_diff_max"] = float(diffs[-1])
     return metrics
+
+
+def sorted_quantile(values: Any, q: float) -> Any:
+    """The ``q`` quantile of ``values`` (sorted ascending: a list or a 1-d tensor, not empty) by linear
+    interpolation between the order statistics around ``q (n - 1)``, as numpy's default."""
+    last = len(values) - 1
+    position = q * last
+    low = int(position)
+    high = min(low + 1, last)
+    return values[low] + (position - low) * (values[high] - values[low])

@@ -18,23 +18,17 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Any
 
-
-def _quantile(values: list[int], q: float) -> float:
-    """The ``q`` quantile by linear interpolation between order statistics (numpy's default)."""
-    s = sorted(values)
-    pos = q * (len(s) - 1)
-    lo = int(pos)
-    hi = min(lo + 1, len(s) - 1)
-    return s[lo] + (s[hi] - s[lo]) * (pos - lo)
+from rlcore.algorithms.mismatch import sorted_quantile
 
 
 def _summary(name: str, lengths: list[int]) -> dict[str, float]:
     if not lengths:
         return {}
+    ordered = sorted(lengths)
     return {
         f"stream/length/{name}_mean": sum(lengths) / len(lengths),
-        f"stream/length/{name}_p50": _quantile(lengths, 0.5),
-        f"stream/length/{name}_p90": _quantile(lengths, 0.9),
+        f"stream/length/{name}_p50": sorted_quantile(ordered, 0.5),
+        f"stream/length/{name}_p90": sorted_quantile(ordered, 0.9),
     }
 
 
