@@ -14,7 +14,7 @@ from __future__ import annotations
 import logging
 from typing import Any, ClassVar
 
-from rlcore.algorithms.dapo import DynamicSampler, apply_overlong_penalty, group_metric
+from rlcore.algorithms.dapo import DynamicSampler, apply_overlong_penalty, filter_groups, group_metric
 from rlcore.api import Batch
 from rlcore.flows.base import Flow
 from rlcore.flows.context import StepContext
@@ -106,7 +106,7 @@ class DAPO(Flow):
         if not self.preset.filter_groups.enable:
             return True
         values = filter_metric(group, self.preset.filter_groups.metric)
-        return len(values) == 1 or max(values) != min(values)  # as filter_groups decides
+        return bool(filter_groups(group.objects["uid"], values).all())
 
     def dynamic_sample(self, ctx: StepContext, prompts: Batch) -> Batch:
         """Generation batches until ``len(prompts)`` groups with varied rewards are kept (the refills
