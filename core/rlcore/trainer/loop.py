@@ -142,6 +142,8 @@ class Trainer:
             seed=cfg.trainer.seed,
         )
         self.resumed_from = self._checkpoint_to_resume()
+        #: the resumed checkpoint's stream state (set by _load), applied once the stream is built
+        self._stream_state: dict[str, Any] | None = None
         if self.resumed_from is not None:
             self._load(self.resumed_from)
         self.ctx.version = self.step  # one weight sync per step: the policy version the actor is at
@@ -150,10 +152,8 @@ class Trainer:
         self.ctx.timeline = Timeline(self.run_dir / TIMELINE_FILE, self._role_ranks())
         self._overlap_setup()
         self.stream = self._stream_setup()
-        if self.resumed_from is not None and self.stream is not None:
-            self.stream.load_state_dict(
-                ckpt.load_state(self.resumed_from).get("stream") or {"pending": [], "seq": 0}
-            )
+        if self.stream is not None and self._stream_state is not None:
+            self.stream.load_state_dict(self._stream_state)
         self.sinks = build_loggers(
             cfg.trainer.loggers,
             self.run_dir,
@@ -547,6 +547,7 @@ class Trainer:
         if self.ctx.kl_ctrl is not None and state.get("kl_coef") is not None:
             self.ctx.kl_ctrl.value = float(state["kl_coef"])
         self.history = [dict(r) for r in state["history"]]
+        self._stream_state = state.get("stream")
         logger.info("resumed from %s at step %d", path, self.step)
 
     # -- teardown --------------------------------------------------------------------------------
