@@ -361,23 +361,23 @@ def sync_weights(ctx: StepContext) -> dict[str, float]:
                 trainer = ctx.actor.infer(probe, ("log_probs",))
                 args = (probe["rollout_log_probs"], trainer["log_probs"], probe["response_mask"])
                 found = compare_log_probs(*args)
-                floor = ctx.sync_floor
-                if floor is None:
-                    floor = ctx.sync_floor = SyncFloor(
+                first = ctx.sync_floor is None
+                if first:  # both sides hold the same weights: the pair's own floor
+                    ctx.sync_floor = SyncFloor(
                         found["sync/logprob_diff_trimmed"], int(found["sync/probe_tokens"])
                     )
-                    measured = None
-                else:
-                    measured = floor
-                bound = sync_check_bound(ctx.config, None if measured is None else floor.value)
-                found.update({"sync/floor": floor.value, **({} if bound is None else {"sync/bound": bound})})
+                floor = ctx.sync_floor
+                bound = sync_check_bound(ctx.config, None if first else floor.value)
+                found["sync/floor"] = floor.value
+                if bound is not None:
+                    found["sync/bound"] = bound
                 metrics.update(found)
                 if bound is not None:
                     cfg = ctx.config
                     check_against_floor(
                         found,
                         *args,
-                        floor=measured,
+                        floor=None if first else floor,
                         bound=bound,
                         diagnosis=diagnose(
                             *args,
