@@ -27,3 +27,5 @@ def register_reward_functions(register):
 @hookimpl
 def register_reward_providers(register):
     register("rule", "rlcore.rewards.rule_provider:RuleRewardProvider", config=RewardConfig)
+    # The value each agent program returned (agent.program / agent.command), docs/agents.md.
+    register("agent", "rlcore.endpoint.reward:AgentReturnedReward", config=RewardConfig)

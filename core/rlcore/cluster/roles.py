@@ -203,11 +203,29 @@ class RolloutRole:
         return out
 
     def run_episodes(
-        self, prompts: Sequence[Sequence[int]], params: SamplingParams, agent: Any, tokenizer_path: str
+        self,
+        prompts: Sequence[Sequence[int]],
+        params: SamplingParams,
+        agent: Any,
+        tokenizer_path: str,
+        rows: Sequence[dict[str, Any]] | None = None,
     ) -> list[list[Completion]]:
         """Like :meth:`generate`, but each sample is a multi-turn episode with tools (``agent``: the
-        ``agent:`` section); completions carry ``response_mask`` (0 on tool tokens) and ``info``."""
-        parts = self.group.dispatch("run_episodes", [list(p) for p in prompts], params, agent, tokenizer_path)
+        ``agent:`` section); completions carry ``response_mask`` (0 on tool tokens) and ``info``.
+
+        With an agent program (``agent.program``/``agent.command``) each episode is a run of it against
+        the replica's chat endpoint, given the prompt's data row ``rows[i]`` (:mod:`rlcore.endpoint`)."""
+        if getattr(agent, "uses_program", False):
+            from rlcore.endpoint.programs import EpisodeTask
+
+            if rows is None or len(rows) != len(prompts):
+                raise ValueError("agent programs need each prompt's data row (rows=) beside its token ids")
+            tasks = [EpisodeTask(list(p), dict(r)) for p, r in zip(prompts, rows, strict=True)]
+            parts = self.group.dispatch("run_agent_programs", tasks, params, agent, tokenizer_path)
+        else:
+            parts = self.group.dispatch(
+                "run_episodes", [list(p) for p in prompts], params, agent, tokenizer_path
+            )
         out = [completions for part in parts for completions in part]
         if len(out) != len(prompts):
             raise RuntimeError(f"rollout returned {len(out)} episode groups for {len(prompts)} prompts")

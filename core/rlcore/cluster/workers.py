@@ -520,6 +520,41 @@ class RolloutWorker(Worker):
             return []
         return self._agent_loop(agent, tokenizer_path).run(prompts, params)
 
+    @reports_phase
+    def run_agent_programs(
+        self, tasks: list[Any], params: SamplingParams, agent: Any, tokenizer_path: str
+    ) -> list[list[Completion]]:
+        """Episodes of the agent program of ``agent`` (``agent.program`` or ``agent.command``) over this
+        replica's chat endpoint (:mod:`rlcore.endpoint`), started on the first call and kept while the
+        section is unchanged: ``params.n`` per task (:class:`~rlcore.endpoint.programs.EpisodeTask`)."""
+        if not tasks:
+            return []
+        return self._agent_programs(agent, tokenizer_path).run(tasks, params)
+
+    def _agent_programs(self, agent: Any, tokenizer_path: str) -> Any:
+        from transformers import AutoTokenizer
+
+        from rlcore.api import SamplingParams as Params
+        from rlcore.endpoint.programs import AgentPrograms
+        from rlcore.endpoint.server import ChatEndpoint
+
+        key = (repr(agent), tokenizer_path)
+        cached = getattr(self, "_programs", None)
+        if cached is None or cached[0] != key:
+            if cached is not None:
+                cached[1].close()
+            tokenizer = AutoTokenizer.from_pretrained(tokenizer_path)
+            endpoint = ChatEndpoint(
+                self.engine,
+                tokenizer,
+                Params(),
+                host=agent.endpoint_host,
+                port=agent.endpoint_port,
+                honour_request_sampling=agent.honour_request_sampling,
+            ).start()
+            self._programs = (key, AgentPrograms(endpoint, agent, self.engine.spec.max_model_len))
+        return self._programs[1]
+
     def _agent_loop(self, agent: Any, tokenizer_path: str) -> Any:
         from rlcore.agents.loop import build_agent_loop
 
@@ -600,9 +635,10 @@ class RolloutWorker(Worker):
     @reports_phase
     def shutdown(self) -> None:
         self._close_transports()
-        cached = getattr(self, "_agent", None)
-        if cached is not None:
-            cached[1].close()
+        for name in ("_agent", "_programs"):
+            cached = getattr(self, name, None)
+            if cached is not None:
+                cached[1].close()
         if _LOCAL_ROLLOUT.worker is self:
             _LOCAL_ROLLOUT.worker = None
         self.engine.shutdown()

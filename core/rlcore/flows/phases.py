@@ -55,6 +55,20 @@ def prompt_token_ids(prompts: Batch) -> list[list[int]]:
     return [ids[i][mask[i]].tolist() for i in range(len(prompts))]
 
 
+#: The data-row objects an agent program is given (rlcore.endpoint.programs), ``raw_prompt`` as ``prompt``.
+_ROW_KEYS = ("data_source", "ground_truth", "reward_model", "extra_info", "index")
+
+
+def prompt_rows(prompts: Batch) -> list[dict]:
+    """Each prompt's data row for an agent program: ``prompt`` (the chat messages) and :data:`_ROW_KEYS`."""
+    objects = prompts.objects
+    return [
+        {"prompt": objects.get("raw_prompt", [None] * len(prompts))[i]}
+        | {k: objects[k][i] for k in _ROW_KEYS if k in objects}
+        for i in range(len(prompts))
+    ]
+
+
 def generate(
     ctx: StepContext,
     prompts: Batch,
@@ -82,7 +96,11 @@ def generate(
         if agent is not None and agent.enabled:
             model = ctx.config.model
             completions = ctx.rollout.run_episodes(
-                prompt_token_ids(prompts), params, agent, model.tokenizer_path or model.path
+                prompt_token_ids(prompts),
+                params,
+                agent,
+                model.tokenizer_path or model.path,
+                rows=prompt_rows(prompts) if agent.uses_program else None,
             )
         else:
             completions = ctx.rollout.generate(prompt_token_ids(prompts), params)
@@ -126,6 +144,11 @@ def _add_agent_info(ctx: StepContext, batch: Batch) -> None:
         f"agent/{key}/mean": sum(float(i.get(key, 0)) for i in infos) / rows
         for key in ("turns", "tool_calls", "tool_errors")
     }
+    if any("history_edits" in i for i in infos):  # agent programs (rlcore.endpoint)
+        for key in ("requests", "history_edits", "dropped_tokens"):
+            metrics[f"agent/{key}/mean"] = sum(float(i.get(key, 0)) for i in infos) / rows
+        for reason in ("timeout", "error"):
+            metrics[f"agent/stop_{reason}"] = sum(i.get("stop_reason") == reason for i in infos) / rows
     for reason in ("answer", "max_turns", "length", "budget"):
         metrics[f"agent/stop_{reason}"] = sum(i.get("stop_reason") == reason for i in infos) / rows
     width = batch["prompts"].shape[1]

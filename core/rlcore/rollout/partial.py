@@ -183,11 +183,16 @@ class VersionedRollout:
         return self._generate_in_chunks(prompts, params, chunk)
 
     def run_episodes(
-        self, prompts: Sequence[Sequence[int]], params: SamplingParams, agent: Any, tokenizer_path: str
+        self,
+        prompts: Sequence[Sequence[int]],
+        params: SamplingParams,
+        agent: Any,
+        tokenizer_path: str,
+        rows: Sequence[dict[str, Any]] | None = None,
     ) -> list[list[Completion]]:
         """As ``RolloutRole.run_episodes``, each episode in one call (its tokens share a version)."""
         with self._hold() as version:
-            groups = self.rollout.run_episodes(prompts, params, agent, tokenizer_path)
+            groups = self.rollout.run_episodes(prompts, params, agent, tokenizer_path, rows=rows)
         return [[_stamped(c, version) for c in group] for group in groups]
 
     def _generate_in_chunks(

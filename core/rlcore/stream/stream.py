@@ -33,7 +33,7 @@ from pathlib import Path
 from typing import Any
 
 from rlcore.api import Batch
-from rlcore.flows.phases import assemble_generated, prompt_token_ids
+from rlcore.flows.phases import assemble_generated, prompt_rows, prompt_token_ids
 from rlcore.rollout.partial import PartialResponse
 from rlcore.stream.groups import Group
 from rlcore.stream.lengths import length_metrics, version_lag_metrics
@@ -211,12 +211,16 @@ class RolloutStream:
         params = ctx.sampling_params()
         self._name(ctx, new)
         model = ctx.config.model
+        rows = [prompt_rows(g.prompt)[0] for g in new] if self.agent.uses_program else None
         results = ctx.rollout.run_episodes(
-            [g.ids for g in new], params, self.agent, model.tokenizer_path or model.path
+            [g.ids for g in new], params, self.agent, model.tokenizer_path or model.path, rows=rows
         )
         for g, completions in zip(new, results, strict=True):
             for c in completions:
-                g.responses.append(self._response(g, c, ctx.version, len(c.token_ids)))
+                # An agent program's episode starts from the prompt its agent sent (c.prompt_ids).
+                r = PartialResponse(list(c.prompt_ids))
+                r.extend(c, ctx.version, len(c.token_ids))
+                g.responses.append(r)
 
     @staticmethod
     def _response(g: Group, c: Any, version: int, max_tokens: int) -> PartialResponse:

@@ -45,6 +45,7 @@ CORE_LAYERS: tuple[tuple[str, tuple[str, ...]], ...] = (
             "rlcore.transports",
             "rlcore.rollout",
             "rlcore.agents",
+            "rlcore.endpoint",
             "rlcore.rewards",
             "rlcore.testing",
         ),
