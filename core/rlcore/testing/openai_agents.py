@@ -6,7 +6,7 @@ read from its row's ``extra_info["script"]`` so that one program covers the suit
 
 - ``turns`` (3): requests it makes; ``max_tokens`` (6) per request; ``n`` (1) choices per request;
 - ``stream`` (False): read each reply as server-sent events and join the pieces;
-- ``edit_at``: before that request (0-based), change the first assistant message (the agent "edits history");
+- ``edit_at``: before that request (0-based), change the latest assistant message (the agent "edits history");
 - ``hang_after``: after that many requests, wait forever (an agent that never answers);
 - ``tools``: offer a ``calculator`` tool and answer each returned call with the sandbox's result.
 
@@ -75,8 +75,8 @@ async def scripted_agent(base_url: str, api_key: str, row: dict[str, Any]) -> di
             if k == script.get("hang_after"):
                 await asyncio.Event().wait()
             if k == script.get("edit_at"):
-                first = next(i for i, m in enumerate(messages) if m["role"] == "assistant")
-                messages[first] = {"role": "assistant", "content": f"{messages[first]['content']} (edited)"}
+                last = max(i for i, m in enumerate(messages) if m["role"] == "assistant")
+                messages[last] = {"role": "assistant", "content": f"{messages[last]['content']} (edited)"}
             request: dict[str, Any] = {
                 "model": "policy",
                 "messages": messages,
@@ -109,3 +109,50 @@ async def _run(call: dict[str, Any]) -> str:
         "import sys; print(eval(sys.stdin.read(), {'__builtins__': {}}))", stdin=expression
     )
     return result.stdout.strip() if result.status == "ok" else f"Error: {result.status}"
+
+
+# -- checks of a trained row against what the engine sampled ---------------------------------------
+class EngineSpy:
+    """The engine, keeping every ``agenerate`` call's prompt ids and completions."""
+
+    def __init__(self, engine):
+        self.engine, self.calls = engine, []
+
+    async def agenerate(self, prompt, params):
+        out = await self.engine.agenerate(prompt, params)
+        self.calls.append((list(prompt), out))
+        return out
+
+
+def sampled_spans(row):
+    """``(start, end)`` of each run of model tokens in the response."""
+    spans, start = [], None
+    for t, m in enumerate([*row.response_mask, 0]):
+        if m and start is None:
+            start = t
+        if not m and start is not None:
+            spans.append((start, t))
+            start = None
+    return spans
+
+
+def assert_exactly_sampled(row, calls):
+    """Each model-token span is one of the engine's completions for exactly the ids before it."""
+    for start, end in sampled_spans(row):
+        prefix = row.prompt_ids + row.token_ids[:start]
+        outputs = [c for prompt, out in calls if prompt == prefix for c in out]
+        match = [c for c in outputs if c.token_ids == row.token_ids[start:end]]
+        assert match, f"span {start}:{end} is not what the engine sampled after its prefix"
+        assert row.log_probs[start:end] == match[0].log_probs
+    assert all(lp == 0.0 for lp, m in zip(row.log_probs, row.response_mask, strict=True) if not m)
+
+
+def float64_log_probs(model, row):
+    """The log-probs of ``row``'s response tokens under ``model`` (a float64 HF model) at temperature 1."""
+    import torch
+
+    ids = torch.tensor([row.prompt_ids + row.token_ids])
+    with torch.no_grad():
+        logits = model(ids).logits[0, :-1].double()
+    lp = torch.log_softmax(logits, -1).gather(-1, ids[0, 1:, None])[:, 0]
+    return lp[len(row.prompt_ids) - 1 :]

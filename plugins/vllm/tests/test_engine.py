@@ -387,3 +387,46 @@ def test_batch_seeding_reproduces_without_request_seeds(engine, monkeypatch):
     assert again == first
     assert other != first
     assert len({tuple(t) for t in first[0]}) > 1  # a prompt's samples still differ from each other
+
+
+def test_agents_over_the_chat_endpoint_train_exactly_what_vllm_sampled(engine, tiny_model_path):
+    # The chat endpoint (rlcore.endpoint) in front of this engine, called by agents written with the real
+    # openai client that send back the decoded text of each reply, read whole or streamed: each trained
+    # row is token for token what vLLM sampled after exactly its prefix, with behaviour log-probs equal to
+    # a float64 recomputation; the episodes are in flight at once (the engine batches them).
+    pytest.importorskip("openai")
+    from rlcore.agents.config import AgentConfig
+    from rlcore.endpoint.programs import AgentPrograms, EpisodeTask
+    from rlcore.endpoint.server import ChatEndpoint
+    from rlcore.testing import openai_agents
+    from rlcore.testing.openai_agents import EngineSpy, assert_exactly_sampled, float64_log_probs
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    tokenizer = AutoTokenizer.from_pretrained(str(tiny_model_path))
+    endpoint = ChatEndpoint(EngineSpy(engine), tokenizer, SamplingParams()).start()
+    tasks = []
+    for k in range(4):
+        messages = [{"role": "user", "content": f"What is {k} + 2?"}]
+        ids = tokenizer.encode(
+            tokenizer.apply_chat_template(messages, tokenize=False, add_generation_prompt=True)
+        )
+        script = {"turns": 3, "stream": k % 2 == 1}
+        tasks.append(EpisodeTask(ids, {"prompt": messages, "extra_info": {"script": script}}))
+    openai_agents.CONCURRENCY.update(now=0, peak=0)
+    agent = AgentConfig(program="rlcore.testing.openai_agents:scripted_agent", max_turns=8)
+    try:
+        groups = AgentPrograms(endpoint, agent, MAX_MODEL_LEN).run(
+            tasks, SamplingParams(n=2, max_tokens=96, seed=3)
+        )
+    finally:
+        endpoint.close()
+    rows = [c for g in groups for c in g]
+    assert len(rows) == 8 and all(r.info["stop_reason"] == "answer" and r.info["turns"] == 3 for r in rows)
+    assert openai_agents.CONCURRENCY["peak"] == 8
+    reference = AutoModelForCausalLM.from_pretrained(str(tiny_model_path), dtype=torch.float64).eval()
+    for row in rows:
+        assert row.info["history_edits"] == 0
+        assert_exactly_sampled(row, endpoint.engine.calls)
+        mask = torch.tensor(row.response_mask, dtype=torch.bool)
+        got = torch.tensor(row.log_probs, dtype=torch.float64)[mask]
+        assert torch.allclose(got, float64_log_probs(reference, row)[mask], atol=LOGPROB_ATOL)
