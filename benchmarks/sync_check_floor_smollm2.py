@@ -1,6 +1,21 @@
-"""Floor / wrong-engine gaps of HF rollout vs an fp32 trainer forward on SmolLM2 (CPU)."""
+"""The post-sync check's statistics on SmolLM2-135M-Instruct (CPU): a healthy pair and the two wrong engines.
 
-import sys
+For each rollout dtype (float32, bfloat16), temperature (1.0, 0.7) and seed, the HF rollout samples the
+check's probe (2 prompts x ``PROBE_SAMPLES`` x 16 tokens) and an fp32 transformers forward (the trainer)
+scores the same tokens. The wrong engines' log-probs are formed from the trainer's own logits plus the
+healthy pair's noise (so a bf16 wrong engine carries bf16 noise): *argmax* reports the most likely token's
+log-prob, *no-temp* ``log_softmax(z)`` at a temperature other than 1. For each case it records what the
+check and its diagnosis read (:mod:`rlcore.rollout.sync_check`): the trimmed mean |difference|, the share
+of differing tokens where the rollout is above (argmax: one-sided), and the slope of the difference on the
+trainer's log-prob (ignoring the temperature gives a slope near ``T - 1``).
+
+    python benchmarks/sync_check_floor_smollm2.py --seeds 0 1 2 --out benchmarks/results/sync-check/smollm2_cpu.json
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
 import time
 from pathlib import Path
 
@@ -10,72 +25,86 @@ from rlcore.devices import get_platform
 from rlcore.models import build_builtin
 from rlcore.rollout.batching import completions_to_batch
 from rlcore.rollout.hf import HFRollout
-from transformers import AutoModelForCausalLM, AutoTokenizer
+from rlcore.rollout.sync_check import PROBE_SAMPLES, gap_shape, trimmed_mean
 
-torch.set_num_threads(8)
-path = build_builtin(
-    "smollm2-135m-instruct", Path(sys.argv[1] if len(sys.argv) > 1 else "/tmp/rlcore-smollm2")
-)
-tok = AutoTokenizer.from_pretrained(path)
-qs = ["What is 17 + 25?", "What is 304 + 18?", "Name a colour.", "What is 9 + 91?"]
-prompts = [
-    tok(
-        tok.apply_chat_template([{"role": "user", "content": q}], tokenize=False, add_generation_prompt=True),
-        add_special_tokens=False,
-    ).input_ids
-    for q in qs
-]
-trainer = AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32).eval()
+QUESTIONS = ("What is 17 + 25?", "What is 304 + 18?")
 
 
-def tlp(batch, T):
+def trainer_log_probs(model, batch, temperature: float) -> dict[str, torch.Tensor]:
+    """float64 ``[B, R]`` log-probs of the sampled tokens at ``temperature`` (the trainer), of the most
+    likely token (argmax), and of the sampled tokens at temperature 1 (no-temp)."""
     with torch.no_grad():
-        logits = trainer(
+        logits = model(
             input_ids=batch["input_ids"],
             attention_mask=batch["attention_mask"],
             position_ids=batch["position_ids"],
         ).logits
     P, R = batch["prompts"].shape[1], batch["responses"].shape[1]
     z = logits[:, P - 1 : P - 1 + R].double()
-    lp = torch.log_softmax(z / T, -1)
-    return (
-        lp.gather(-1, batch["responses"][..., None]).squeeze(-1),
-        lp.max(-1).values,
-        torch.log_softmax(z, -1).gather(-1, batch["responses"][..., None]).squeeze(-1),
-    )
+    tokens = batch["responses"][..., None]
+    scaled = torch.log_softmax(z / temperature, -1)
+    return {
+        "sampled": scaled.gather(-1, tokens)[..., 0],
+        "argmax": scaled.max(-1).values,
+        "no-temp": torch.log_softmax(z, -1).gather(-1, tokens)[..., 0],
+    }
 
 
-def stats(d, m):
-    a = d[m].abs()
-    s = d[m]
-    q = torch.quantile(a, torch.tensor([0.5, 0.9, 0.99], dtype=a.dtype))
-    return f"n={int(m.sum())} mean={a.mean():.4f} trim99={a.sort().values[: int(len(a) * 0.99)].mean():.4f} p50={q[0]:.4f} p90={q[1]:.4f} max={a.max():.4f} signed={s.mean():+.4f} share_pos={(s > 0).double().mean():.2f}"
+def case(rollout: torch.Tensor, trainer: torch.Tensor, mask: torch.Tensor) -> dict[str, float]:
+    shape = gap_shape(rollout, trainer, mask)
+    return {"trimmed": trimmed_mean((rollout - trainer).abs()[mask]), **shape}
 
 
-for dtype in ("float32", "bfloat16"):
-    ro = HFRollout(RolloutSpec(model_path=str(path), dtype=dtype), None, get_platform("cpu"))
-    for T in (1.0, 0.7):
-        for seed in (0, 1, 2):
-            t = time.time()
-            params = SamplingParams(n=8, temperature=T, max_tokens=16, seed=seed)
-            b = completions_to_batch(ro.generate(prompts[:2], params), ro.pad_id)
-            m = b["response_mask"].bool()
-            want, top, untemp = tlp(b, T)
-            r = b["rollout_log_probs"].double()
-            print(
-                dtype,
-                "T",
-                T,
-                "seed",
-                seed,
-                "healthy",
-                stats(r - want, m),
-                f"{time.time() - t:.1f}s",
-                flush=True,
-            )
-            # argmax engine: rollout reports its (dtype) max log-prob: approx by trainer's max plus the healthy noise
-            print(dtype, "T", T, "seed", seed, "argmax ", stats(top + (r - want) - want, m), flush=True)
-            if T != 1.0:
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2])
+    parser.add_argument("--cache", type=Path, default=Path("/tmp/rlcore-smollm2"))
+    parser.add_argument("--out", type=Path, default=Path("benchmarks/results/sync-check/smollm2_cpu.json"))
+    args = parser.parse_args()
+
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    path = build_builtin("smollm2-135m-instruct", args.cache)
+    tok = AutoTokenizer.from_pretrained(path)
+    prompts = [
+        tok(
+            tok.apply_chat_template(
+                [{"role": "user", "content": q}], tokenize=False, add_generation_prompt=True
+            ),
+            add_special_tokens=False,
+        ).input_ids
+        for q in QUESTIONS
+    ]
+    trainer = AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32).eval()
+    rows = []
+    for dtype in ("float32", "bfloat16"):
+        engine = HFRollout(RolloutSpec(model_path=str(path), dtype=dtype), None, get_platform("cpu"))
+        for temperature in (1.0, 0.7):
+            for seed in args.seeds:
+                start = time.perf_counter()
+                params = SamplingParams(n=PROBE_SAMPLES, temperature=temperature, max_tokens=16, seed=seed)
+                batch = completions_to_batch(engine.generate(prompts, params), engine.pad_id)
+                mask = batch["response_mask"].bool()
+                want = trainer_log_probs(trainer, batch, temperature)
+                rollout = batch["rollout_log_probs"].double()
+                noise = rollout - want["sampled"]
+                cases = {"healthy": case(rollout, want["sampled"], mask)}
+                cases["argmax"] = case(want["argmax"] + noise, want["sampled"], mask)
+                if temperature != 1.0:
+                    cases["no-temp"] = case(want["no-temp"] + noise, want["sampled"], mask)
+                for name, stats in cases.items():
+                    row = {"dtype": dtype, "temperature": temperature, "seed": seed, "engine": name}
+                    row.update(stats, tokens=int(mask.sum()))
+                    rows.append(row)
+                    print(json.dumps(row), flush=True)
                 print(
-                    dtype, "T", T, "seed", seed, "no-temp", stats(untemp + (r - want) - want, m), flush=True
+                    f"# {dtype} T={temperature} seed {seed}: {time.perf_counter() - start:.1f} s", flush=True
                 )
+        engine.shutdown()
+    args.out.parent.mkdir(parents=True, exist_ok=True)
+    args.out.write_text(json.dumps({"model": "smollm2-135m-instruct", "rows": rows}, indent=1))
+    print(f"wrote {args.out}")
+
+
+if __name__ == "__main__":
+    main()

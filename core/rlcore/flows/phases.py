@@ -365,10 +365,19 @@ def sync_weights(ctx: StepContext) -> dict[str, float]:
     the same tokens. The first check measures the pair's floor (``ctx.sync_floor``: both hold the same
     weights); under ``transport.max_logprob_diff: auto`` later checks are bound by it
     (:func:`~rlcore.config.specs.sync_check_bound`), the first by the dtype's cap. A trimmed mean
-    |difference| above the bound stops the run (:class:`~rlcore.rollout.sync_check.WeightSyncMismatch`,
+    |difference| above the bound, or a gap with the shape of a known mistake whatever its size
+    (:func:`~rlcore.rollout.sync_check.shape_mistake`: argmax, temperature), stops the run
+    (:class:`~rlcore.rollout.sync_check.WeightSyncMismatch`,
     naming both engines' plugins, floor, bound and value, and the mistake the gap matches)."""
     from rlcore.cluster.roles import sync_weights as push
-    from rlcore.rollout.sync_check import PROBE_SAMPLES, SyncFloor, check_against_floor, diagnose
+    from rlcore.rollout.sync_check import (
+        PROBE_SAMPLES,
+        SyncFloor,
+        check_against_floor,
+        diagnose,
+        gap_shape,
+        shape_mistake,
+    )
 
     with ctx.phase("sync_weights"):
         ctx.memory.use("sync")
@@ -394,17 +403,24 @@ def sync_weights(ctx: StepContext) -> dict[str, float]:
                 found["sync/floor"] = floor.value
                 if bound is not None:
                     found["sync/bound"] = bound
+                shape = gap_shape(*args)
+                found["sync/gap_above_share"] = shape["above_share"]
+                found["sync/gap_slope"] = shape["slope"]
                 metrics.update(found)
                 if bound is not None:
                     cfg = ctx.config
+                    filtered = params.top_p < 1.0 or params.top_k > 0
+                    mistake = shape_mistake(shape, temperature=params.temperature, filtered=filtered)
                     check_against_floor(
                         found,
                         *args,
                         floor=None if first else floor,
                         bound=bound,
+                        mistake=mistake,
                         diagnosis=diagnose(
-                            *args,
+                            shape,
                             temperature=params.temperature,
+                            filtered=filtered,
                             rollout_dtype=rollout_dtype_name(cfg),
                             train_dtype=cfg.model.dtype,
                             dtype_gap=DTYPE_GAP,

@@ -84,3 +84,81 @@ def test_probe_of_hf_rollout_against_a_trainer_forward(tiny_model):
             assert metrics["sync/logprob_diff_mean"] > 1e-3
             with pytest.raises(WeightSyncMismatch, match="'rollout' and train engine 'trainer'"):
                 compare_log_probs(batch["rollout_log_probs"], want, batch["response_mask"], threshold=1e-3)
+
+
+def test_gap_shape_against_a_plain_loop():
+    from rlcore.rollout.sync_check import gap_shape
+
+    torch.manual_seed(0)
+    trainer = -torch.rand(3, 7, dtype=torch.float64) * 4
+    rollout = trainer + 0.05 * torch.randn(3, 7, dtype=torch.float64) - 0.2 * trainer  # grows with -log p
+    mask = torch.ones(3, 7, dtype=torch.long)
+    mask[2, 4:] = 0
+    pairs = [(float(rollout[b, t]), float(trainer[b, t])) for b in range(3) for t in range(7) if mask[b, t]]
+    diffs = [r - t for r, t in pairs]
+    tol = max(1e-3, 0.1 * sum(abs(d) for d in diffs) / len(diffs))
+    differing = [d for d in diffs if abs(d) > tol]
+    xs = [t for _, t in pairs]
+    mean_x, mean_d = sum(xs) / len(xs), sum(diffs) / len(diffs)
+    slope = sum((x - mean_x) * (d - mean_d) for x, d in zip(xs, diffs, strict=True)) / sum(
+        (x - mean_x) ** 2 for x in xs
+    )
+    got = gap_shape(rollout, trainer, mask)
+    assert got["differing"] == len(differing)
+    assert got["above_share"] == pytest.approx(sum(d > 0 for d in differing) / len(differing))
+    assert got["slope"] == pytest.approx(slope, rel=1e-9)
+    assert -0.3 < got["slope"] < -0.1  # the planted -0.2 (plus noise)
+
+
+def _shapes(temperature):
+    """The gap shapes of a healthy bf16-like pair, the argmax engine and the temperature-ignoring one,
+    from one set of logits: log-probs at ``temperature`` computed exactly, the healthy rollout with
+    two-sided noise of bf16's size."""
+    from rlcore.rollout.sync_check import gap_shape
+
+    gen = torch.Generator().manual_seed(1)
+    z = torch.randn(4, 64, 500, generator=gen, dtype=torch.float64) * 3
+    scaled = torch.log_softmax(z / temperature, -1)
+    tokens = torch.distributions.Categorical(logits=scaled).sample()
+    want = scaled.gather(-1, tokens[..., None])[..., 0]
+    noise = 0.03 * torch.randn(want.shape, generator=gen, dtype=torch.float64)
+    mask = torch.ones_like(tokens)
+    wrong = {
+        "healthy": want + noise,
+        "argmax": scaled.max(-1).values + noise,
+        "no-temp": torch.log_softmax(z, -1).gather(-1, tokens[..., None])[..., 0] + noise,
+    }
+    return {name: gap_shape(lp, want, mask) for name, lp in wrong.items()}
+
+
+@pytest.mark.parametrize("temperature", [1.0, 0.7, 1.3])
+def test_shape_mistakes_name_argmax_and_temperature_and_pass_noise(temperature):
+    from rlcore.rollout.sync_check import shape_mistake
+
+    shapes = _shapes(temperature)
+    assert shape_mistake(shapes["healthy"], temperature=temperature, filtered=False) is None
+    assert "(argmax)" in shape_mistake(shapes["argmax"], temperature=temperature, filtered=False)
+    if temperature != 1.0:
+        found = shape_mistake(shapes["no-temp"], temperature=temperature, filtered=False)
+        assert "ignores the temperature" in found and f"log_softmax(z / {temperature:g})" in found
+    # top-k/top-p renormalise: the shapes say nothing then
+    assert shape_mistake(shapes["argmax"], temperature=temperature, filtered=True) is None
+
+
+def test_a_gap_with_a_mistakes_shape_stops_under_the_bound():
+    from rlcore.rollout.sync_check import SyncFloor, check_against_floor
+
+    rollout = torch.tensor([[-0.1, -0.2, -0.3]], dtype=torch.float64)
+    trainer = torch.tensor([[-0.11, -0.22, -0.33]], dtype=torch.float64)
+    mask = torch.ones(1, 3, dtype=torch.long)
+    metrics = compare_log_probs(rollout, trainer, mask)
+    args = (metrics, rollout, trainer, mask)
+    common = dict(
+        floor=SyncFloor(0.02, 256), bound=0.3, diagnosis=None, train_engine="'t'", rollout_engine="'r'"
+    )
+    check_against_floor(*args, **common)  # within the bound, no shape: passes
+    with pytest.raises(WeightSyncMismatch) as info:
+        check_against_floor(*args, mistake="planted mistake", **common)
+    message = str(info.value)
+    assert "is within the bound 0.3, but the gap has the shape of a known mistake" in message
+    assert "Diagnosis: planted mistake." in message

@@ -8,7 +8,6 @@ import importlib.util
 from pathlib import Path
 
 import pytest
-import torch
 from rlcore.api import RolloutSpec
 from rlcore.devices import get_platform
 from rlcore.plugins import registry
@@ -17,6 +16,7 @@ from rlcore.rollout.hf import HFRollout
 from rlcore.testing.contract import RolloutEngineContract
 from rlcore.testing.fakes import FakeRollout, FakeRolloutConfig
 from rlcore.testing.rollout_values import ReferenceLogits
+from rlcore.testing.wrong_engines import ArgmaxHF, ArgmaxLogProbs, NoTemperatureHF, NoTemperatureLogProbs
 from safetensors.torch import load_file
 
 _spec = importlib.util.spec_from_file_location(
@@ -24,47 +24,6 @@ _spec = importlib.util.spec_from_file_location(
 )
 task = importlib.util.module_from_spec(_spec)
 _spec.loader.exec_module(task)
-
-
-def _model_log_probs(model, device, completion) -> torch.Tensor:
-    """``log_softmax(z)`` ``[len(token_ids), V]`` of the engine's own model at the completion's tokens."""
-    ids = torch.tensor([list(completion.prompt_ids) + list(completion.token_ids)], device=device)
-    with torch.no_grad():
-        out = model(ids)
-    z = (out.logits if hasattr(out, "logits") else out)[0, len(completion.prompt_ids) - 1 : -1]
-    return z.double().cpu()
-
-
-class ArgmaxLogProbs:
-    """Mixin: reports, for every position, the log-prob of the most likely token instead of the sampled one's."""
-
-    def generate(self, prompts, params):
-        out = super().generate(prompts, params)
-        scale = params.temperature if params.temperature > 0 else 1.0
-        for c in (c for completions in out for c in completions):
-            z = _model_log_probs(self.model, self.device, c)
-            c.log_probs = torch.log_softmax(z / scale, dim=-1).max(-1).values.tolist()
-        return out
-
-
-class NoTemperatureLogProbs:
-    """Mixin: samples at the requested temperature but reports ``log_softmax(z)``, as if it were 1."""
-
-    def generate(self, prompts, params):
-        out = super().generate(prompts, params)
-        for c in (c for completions in out for c in completions):
-            z = _model_log_probs(self.model, self.device, c)
-            tokens = torch.tensor(list(c.token_ids))[:, None]
-            c.log_probs = torch.log_softmax(z, dim=-1).gather(-1, tokens)[:, 0].tolist()
-        return out
-
-
-class ArgmaxHF(ArgmaxLogProbs, HFRollout):
-    pass
-
-
-class NoTemperatureHF(NoTemperatureLogProbs, HFRollout):
-    pass
 
 
 class ArgmaxFake(ArgmaxLogProbs, FakeRollout):
