@@ -21,11 +21,18 @@ metric                            definition (over the tokens where ``mask`` is 
                                   ``exp(mean_t (log p_rollout - log p_trainer))``, averaged over the
                                   sequences with a response token (verl's ``ppl_ratio``); 1 when they
                                   agree, above 1 when the trainer finds the samples less likely
+``mismatch_seq_ratio_max``        the largest sequence-level importance weight
+                                  ``exp(sum_t log r)`` = ``p_trainer(y) / p_rollout(y)`` of a
+                                  response (the weight ``tis`` at ``is_level: sequence`` uses)
+``mismatch_seq_over_cap``         the share of responses whose sequence-level weight exceeds
+                                  :data:`SEQUENCE_CAP` (3): what sequence-level masking at 3,
+                                  TRL's default rollout correction, would drop
 ================================  ==================================================================
 
 :func:`mismatch_means` holds the means alone (difference, k3, perplexity ratio), the ones that stay
 meaningful when a train engine averages a loss's metrics over micro-batches;
-:func:`mismatch_metrics` adds the quantiles and maximum, which need every token of the batch at once.
+:func:`mismatch_metrics` adds the quantiles, maximum and sequence-level numbers, which need every token
+of the batch at once.
 Both compute in float64 whatever the inputs' dtype.
 
 >>> import torch
@@ -36,12 +43,16 @@ Both compute in float64 whatever the inputs' dtype.
 
 from __future__ import annotations
 
+import math
 from typing import Any
 
 import torch
 
 #: The quantiles of ``|log r|`` :func:`mismatch_metrics` reports, as ``logprob_diff_p<100 q>``.
 QUANTILES = (0.5, 0.9, 0.99)
+#: The sequence-level weight ``mismatch_seq_over_cap`` counts responses above: TRL's
+#: ``vllm_importance_sampling_cap`` with its default ``sequence_mask`` mode.
+SEQUENCE_CAP = 3.0
 
 
 def _log_ratio(
@@ -81,7 +92,8 @@ def mismatch_means(rollout: torch.Tensor, trainer: torch.Tensor, mask: torch.Ten
 
 def mismatch_metrics(rollout: torch.Tensor, trainer: torch.Tensor, mask: torch.Tensor) -> dict[str, float]:
     """:func:`mismatch_means` plus ``logprob_diff_p50``, ``_p90``, ``_p99`` and ``_max`` of ``|log r|``
-    over the masked tokens; ``{}`` when the mask selects no token."""
+    over the masked tokens, and ``mismatch_seq_ratio_max`` and ``mismatch_seq_over_cap`` over the
+    responses with a token; ``{}`` when the mask selects no token."""
     metrics = mismatch_means(rollout, trainer, mask)
     if not metrics:
         return metrics
@@ -91,6 +103,10 @@ def mismatch_metrics(rollout: torch.Tensor, trainer: torch.Tensor, mask: torch.T
     for q in QUANTILES:
         metrics[f"logprob_diff_p{round(100 * q)}"] = float(sorted_quantile(diffs, q))
     metrics["logprob_diff_max"] = float(diffs[-1])
+    rows = keep.any(dim=1)
+    seq_log_ratio = log_r.sum(dim=1)[rows]
+    metrics["mismatch_seq_ratio_max"] = float(torch.exp(seq_log_ratio.max()))
+    metrics["mismatch_seq_over_cap"] = float((seq_log_ratio > math.log(SEQUENCE_CAP)).double().mean())
     return metrics
 
 

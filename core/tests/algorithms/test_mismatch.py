@@ -53,7 +53,7 @@ def quantile(values, q):
 
 def reference(rollout_rows, trainer_rows):
     """Every metric from its definition, in Python floats (float64)."""
-    diffs, k3s, ppl_ratios = [], [], []
+    diffs, k3s, ppl_ratios, seq_ratios = [], [], [], []
     for r_row, t_row in zip(rollout_rows, trainer_rows, strict=True):
         for r, t in zip(r_row, t_row, strict=True):
             ratio = math.exp(t) / math.exp(r)  # p_trainer / p_rollout of a token the rollout sampled
@@ -63,6 +63,7 @@ def reference(rollout_rows, trainer_rows):
             trainer_ppl = math.exp(-sum(t_row) / len(t_row))
             rollout_ppl = math.exp(-sum(r_row) / len(r_row))
             ppl_ratios.append(trainer_ppl / rollout_ppl)
+            seq_ratios.append(math.prod(math.exp(t) / math.exp(r) for r, t in zip(r_row, t_row, strict=True)))
     return {
         "logprob_diff_mean": sum(diffs) / len(diffs),
         "logprob_diff_p50": quantile(diffs, 0.5),
@@ -71,6 +72,8 @@ def reference(rollout_rows, trainer_rows):
         "logprob_diff_max": max(diffs),
         "mismatch_k3_kl": sum(k3s) / len(k3s),
         "mismatch_ppl_ratio": sum(ppl_ratios) / len(ppl_ratios),
+        "mismatch_seq_ratio_max": max(seq_ratios),
+        "mismatch_seq_over_cap": sum(w > 3.0 for w in seq_ratios) / len(seq_ratios),
     }
 
 
@@ -79,9 +82,9 @@ def as_float32(rows):
     return [torch.tensor(r, dtype=torch.float32).double().tolist() for r in rows]
 
 
-@pytest.mark.parametrize("seed", [0, 1, 2])
-def test_every_metric_matches_the_float64_definition_on_ragged_rows(seed):
-    rollout_rows, trainer_rows = ragged(seed)
+@pytest.mark.parametrize(("seed", "scale"), [(0, 0.3), (1, 0.3), (2, 0.3), (5, 1.0)])
+def test_every_metric_matches_the_float64_definition_on_ragged_rows(seed, scale):
+    rollout_rows, trainer_rows = ragged(seed, scale)
     # Padding a metric must never see: huge (exp overflows), NaN, and unequal on the two sides.
     rollout, trainer = padded(rollout_rows, 0.0), padded(trainer_rows, float("nan"))
     trainer[0, 8:] = 1e4  # row 0 holds 7 tokens
@@ -90,6 +93,8 @@ def test_every_metric_matches_the_float64_definition_on_ragged_rows(seed):
     assert sorted(got) == sorted(want)
     for key, value in want.items():
         assert got[key] == pytest.approx(value, rel=1e-12, abs=1e-15), key
+    if scale == 1.0:  # one response of four has a sequence-level weight above 3
+        assert got["mismatch_seq_over_cap"] == 0.25
     # The means alone are the same numbers (the loss reports these).
     means = mismatch_means(rollout, trainer, mask_of(rollout_rows))
     assert means == {k: got[k] for k in ("logprob_diff_mean", "mismatch_k3_kl", "mismatch_ppl_ratio")}
@@ -117,7 +122,7 @@ def test_agreeing_engines_give_zero_gap_zero_kl_and_ratio_one():
     rollout_rows, _ = ragged(4)
     rollout = padded(rollout_rows, 0.0)
     got = mismatch_metrics(rollout, rollout.clone(), mask_of(rollout_rows))
-    assert got == {**{k: 0.0 for k in got}, "mismatch_ppl_ratio": 1.0}
+    assert got == {**{k: 0.0 for k in got}, "mismatch_ppl_ratio": 1.0, "mismatch_seq_ratio_max": 1.0}
 
 
 def test_tiny_gaps_keep_their_digits():
