@@ -48,15 +48,19 @@ def _task(name: str, overrides: str):
     return build
 
 
-def _stage(name: str, doc: str, overrides: str = "") -> Stage:
+def _stage(name: str, doc: str, overrides: str = "", rollout: str = "vllm") -> Stage:
     return Stage(
         f"smollm2-task-{name}",
         doc,
         "benchmarks/smollm2_task_cpu.py",
         400,
         _task(name, overrides),
-        bundles=("vllm", "smollm2"),
+        bundles=(rollout, "smollm2"),
     )
+
+
+#: The documented LoRA recipe (docs/quickstart.md), in bf16: vLLM's GPU LoRA kernels take no fp32.
+LORA = "actor.lora.rank=16 actor.lora.alpha=32 actor.optim.lr=2e-4 model.dtype=bfloat16"
 
 
 STAGES = [
@@ -65,6 +69,32 @@ STAGES = [
     _stage(
         "lora",
         "the same with a rank-16 LoRA adapter, in bf16 (vLLM's GPU LoRA kernels take no fp32): the adapter-only sync",
-        "actor.lora.rank=16 actor.lora.alpha=32 actor.optim.lr=2e-4 model.dtype=bfloat16",
+        LORA,
+    ),
+    # Issue 53: the post-sync check at its defaults on the SGLang pairs, LoRA loaded as an adapter by
+    # SGLang against merged into bf16 weights (the gap row reads rollout/logprob_diff_mean of both).
+    _stage(
+        "sglang-full",
+        "FSDP + SGLang, full fine-tuning, the check's defaults",
+        "rollout.engine=sglang",
+        "sglang",
+    ),
+    _stage(
+        "sglang-lora",
+        "FSDP + SGLang, the LoRA recipe, the adapter loaded by SGLang",
+        f"rollout.engine=sglang {LORA}",
+        "sglang",
+    ),
+    _stage(
+        "sglang-lora-rerun",
+        "its re-run with trainer.seed=1",
+        f"rollout.engine=sglang {LORA} trainer.seed=1",
+        "sglang",
+    ),
+    _stage(
+        "sglang-lora-merged",
+        "FSDP + SGLang, the LoRA recipe with merged weights (actor.lora.sync=merged): the gap row's other side",
+        f"rollout.engine=sglang {LORA} actor.lora.sync=merged",
+        "sglang",
     ),
 ]

@@ -214,6 +214,30 @@ STAGES = [
         ("sglang",),
     ),
     Stage(
+        "sglang-tests-lora",
+        "plugins/sglang/tests/test_lora_gpu.py: the adapter-only sync into SGLang, on the tiny model",
+        "plugins/sglang/tests/test_lora_gpu.py",
+        120,
+        lambda ctx: [
+            Run(
+                "tests-lora",
+                240,
+                cmd(
+                    PY,
+                    "-m",
+                    "pytest",
+                    "plugins/sglang/tests/test_lora_gpu.py",
+                    "-v",
+                    "-s",
+                    "-rA",
+                    f"--junitxml={ctx.res}/tests-lora.xml",
+                ),
+                tail=40,
+            )
+        ],
+        ("sglang",),
+    ),
+    Stage(
         "sglang-tests-multi",
         "test_multi_gpu.py: sglang-distributed from a trainer on GPU 0 into SGLang on GPU 1, and SGLang at tp_size=2",
         "plugins/sglang/tests/test_multi_gpu.py",

@@ -63,6 +63,10 @@ OWNED_ENGINE_ARGS = frozenset(
         "enable_deterministic_inference",
         "sampling_defaults",
         "skip_tokenizer_init",
+        "enable_lora",
+        "max_lora_rank",
+        "lora_target_modules",
+        "max_loras_per_batch",
     }
 )
 #: Where each owned argument comes from, for the refusal message.
@@ -83,6 +87,10 @@ _OWNED_SOURCE = {
     "enable_deterministic_inference": "sglang.deterministic_inference",
     "sampling_defaults": "(fixed: 'openai', so a checkpoint's generation_config never changes sampling)",
     "skip_tokenizer_init": "(fixed: false, stop strings need the tokenizer)",
+    "enable_lora": "actor.lora (with actor.lora.sync auto or adapter)",
+    "max_lora_rank": "actor.lora.rank",
+    "lora_target_modules": "actor.lora.target_modules",
+    "max_loras_per_batch": "(fixed: 1, the adapter being trained)",
 }
 
 

@@ -31,6 +31,7 @@ from collections.abc import Iterable, Iterator, Sequence
 from typing import Any
 
 import torch
+from rlcore.adapters import is_adapter_name
 from rlcore.api import (
     Completion,
     DevicePlatform,
@@ -44,7 +45,9 @@ from rlcore.api import (
     rollout_dtype,
 )
 from rlcore.devices import get_platform
+from rlcore.weights import assemble
 
+from rlcore_sglang import adapters
 from rlcore_sglang.config import SGLangConfig
 from rlcore_sglang.engine_loop import EngineLoop
 from rlcore_sglang.memory import RELEASE_TAGS, MemoryTags
@@ -99,6 +102,8 @@ def engine_args(spec: RolloutSpec, config: SGLangConfig) -> dict[str, Any]:
         kwargs["attention_backend"] = config.attention_backend
     if config.chunked_prefill_size is not None:
         kwargs["chunked_prefill_size"] = config.chunked_prefill_size
+    if adapters.serves_adapters(spec):
+        kwargs.update(adapters.engine_kwargs(spec))
     return {**kwargs, **config.engine_kwargs}
 
 
@@ -121,6 +126,7 @@ class SGLangRollout(RolloutEngine):
     """Generation with SGLang over one model replica (``tensor_parallel_size`` devices)."""
 
     config_class = SGLangConfig
+    supports_lora_adapters = True
 
     def __init__(
         self, spec: RolloutSpec, config: SGLangConfig | None = None, platform: DevicePlatform | None = None
@@ -135,6 +141,8 @@ class SGLangRollout(RolloutEngine):
         # Where weight buckets are packed: this process's accelerator (SGLang's scheduler opens them by
         # CUDA IPC handle), or the CPU.
         self.device = (platform if platform is not None else get_platform("auto")).current_device()
+        #: The LoRA adapter requests generate with, when the policy trains one (:mod:`rlcore_sglang.adapters`).
+        self.adapter = adapters.AdapterSlot(spec) if adapters.serves_adapters(spec) else None
         args = engine_args(spec, config)
         with (
             _env(RAW_LOGPROB_ENV, "1" if config.logprobs_mode == "raw_logprobs" else "0"),
@@ -196,6 +204,7 @@ class SGLangRollout(RolloutEngine):
                 sampling_params=[to_sglang(params, seed) for _, seed in rows],
                 return_logprob=params.logprobs,
                 **({"rid": rids} if own_ids else {}),
+                **(self._adapter_request(len(rows))),
             )
         except asyncio.CancelledError:
             if rids is None:
@@ -210,6 +219,12 @@ class SGLangRollout(RolloutEngine):
             to_completion(row, out, want_log_probs=params.logprobs)
             for (row, _), out in zip(rows, outputs, strict=True)
         ]
+
+    def _adapter_request(self, count: int) -> dict[str, Any]:
+        """``async_generate``'s per-request adapter names, once an adapter is loaded (else the base)."""
+        if self.adapter is None or self.adapter.name is None:
+            return {}
+        return {"lora_path": [self.adapter.name] * count}
 
     def _check_request(self, prompts: Sequence[Sequence[int]], params: SamplingParams) -> list[list[int]]:
         check_sampling(params)
@@ -235,12 +250,40 @@ class SGLangRollout(RolloutEngine):
         stays usable). The radix cache is flushed afterwards either way (``flush_cache_after_load``).
         """
         self.memory.check_load()
+        buckets = iter(buckets)
+        first = next(buckets, None)
+        if first is None:
+            return
+        buckets = itertools.chain([first], buckets)
+        if first and is_adapter_name(first[0][0]):
+            self._load_adapter(buckets)
+            return
         stream = pack(
             checked_tensors(buckets, self.weights, self.dtype),
             bucket_bytes=self.config.weight_bucket_mib << 20,
             device=self.device,
         )
         self._load((bucket.names, lambda b=bucket: self._send(b)) for bucket in stream)
+
+    def loads_adapters(self) -> bool:
+        """See :meth:`rlcore.api.RolloutEngine.loads_adapters` and :func:`rlcore_sglang.adapters.serves_adapters`."""
+        return self.adapter is not None
+
+    def _load_adapter(self, buckets: Iterable[WeightBucket]) -> None:
+        """An adapter stream (``spec.lora``): it replaces the adapter later requests generate with; the
+        radix cache is flushed (its entries hold the old adapter's KV)."""
+        if self.adapter is None:
+            raise ValueError(
+                "sglang rollout: received LoRA adapter tensors, but this engine was built without room for "
+                "adapters (RolloutSpec.lora with actor.lora.sync auto or adapter); send merged weights "
+                "(actor.lora.sync=merged)"
+            )
+        name, folder = self.adapter.write((n, t.to(self.dtype)) for n, t in assemble(buckets))
+        manager = self._loop.engine.tokenizer_manager
+        with self._loop.exclusive():
+            self._loop.run(lambda: self.adapter.swap(manager, name, folder))
+            if "kv_cache" not in self.memory.released and self.config.flush_cache_after_load:
+                self._loop.run(self._flush_cache)
 
     def join_weight_group(
         self,
@@ -424,6 +467,8 @@ class SGLangRollout(RolloutEngine):
         engine = self._loop.engine
         self._loop.close()
         engine.shutdown()
+        if self.adapter is not None:
+            self.adapter.close()
 
 
 def _embedding_name(weights: ModelWeights) -> str:

@@ -8,7 +8,7 @@ from pathlib import Path
 import attrs
 import pytest
 import torch
-from rlcore.api import RolloutSpec
+from rlcore.api import LoraSpec, RolloutSpec
 from rlcore_sglang.config import OWNED_ENGINE_ARGS, SGLangConfig
 from rlcore_sglang.engine import engine_args, scheduler_devices
 
@@ -62,10 +62,16 @@ def test_values_allowed_without_deterministic_inference():
 def test_every_owned_argument_is_set_by_the_plugin_and_nothing_else_is():
     """OWNED_ENGINE_ARGS is what engine_kwargs may not name; it must be exactly what engine_args sets
     (the optional ones included), or a key would be silently overridden one way or the other."""
-    spec = RolloutSpec(model_path="/m", dtype="bfloat16", tensor_parallel_size=2, max_model_len=4096)
+    spec = RolloutSpec(
+        model_path="/m", dtype="bfloat16", tensor_parallel_size=2, max_model_len=4096, lora=LoraSpec(rank=16)
+    )
     config = SGLangConfig(chunked_prefill_size=8192, mem_fraction_static=0.4, attention_backend="fa3")
     args = engine_args(spec, config)
     assert set(args) == OWNED_ENGINE_ARGS
+    assert args["enable_lora"] and args["max_lora_rank"] == 16 and args["lora_target_modules"] == "all"
+    # Merged weights: no room for adapters; no adapter at all: none either.
+    assert "enable_lora" not in engine_args(attrs.evolve(spec, lora_sync="merged"), config)
+    assert "enable_lora" not in engine_args(attrs.evolve(spec, lora=None), config)
     assert args["tp_size"] == 2 and args["context_length"] == 4096 and args["dtype"] == "bfloat16"
     assert args["mem_fraction_static"] == 0.4 and args["sampling_defaults"] == "openai"
     # Null settings leave SGLang's own choice; the memory share falls back to the rollout section.

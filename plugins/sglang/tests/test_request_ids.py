@@ -60,6 +60,7 @@ def rollout():
     engine._warned_seed = True
     engine._ids, engine._run_id = itertools.count(), "run1"
     engine._loop = EngineLoop(FakeSGLang)
+    engine.adapter = None
     yield engine
     engine._loop.close()
 
