@@ -4,9 +4,11 @@ use privileges the code must not keep.
 
 Process tree, one per call::
 
-    outer   (new session; joins the pids cgroup; unshares net, pid, mount [and user] namespaces)
-     └ init (pid 1 of the new pid namespace, when there is one: builds the minimal read-only root and
-     │       pivots into it, reaps, and its exit kills every process left in the namespace)
+    outer   (new session; joins the call's cgroups; unshares net, pid, mount, IPC, cgroup [and user]
+     │       namespaces; bounds SysV IPC in its IPC namespace)
+     └ init (pid 1 of the new pid namespace, when there is one: builds the minimal read-only root with
+     │       a size-limited scratch tmpfs and pivots into it, reaps, keeps the call's CPU and memory
+     │       budget where no cgroup does, and its exit kills every process left in the namespace)
         └ user (Landlock, then the unprivileged uid, no capabilities, rlimits, no_new_privs, the
                 seccomp filter, the audit-hook guard, then the user's ``main.py``)
 
@@ -27,10 +29,12 @@ import sys
 
 FATAL = 125
 #: Every layer a call may get (``sandbox.require`` names some of them), see ``docs/security.md``.
-LAYERS = ("netns", "pidns", "mountns", "landlock", "landlock-net", "landlock-scope", "cgroup", "user",
-          "seccomp")  # fmt: skip
+LAYERS = ("netns", "pidns", "mountns", "ipcns", "landlock", "landlock-net", "landlock-scope", "cgroup",
+          "cgroup-memory", "cgroup-cpu", "scratch-fs", "user", "seccomp")  # fmt: skip
 
 CLONE_NEWNS = 0x00020000
+CLONE_NEWCGROUP = 0x02000000
+CLONE_NEWIPC = 0x08000000
 CLONE_NEWUSER = 0x10000000
 CLONE_NEWPID = 0x20000000
 CLONE_NEWNET = 0x40000000
@@ -40,6 +44,7 @@ MS_NOATIME, MS_NODIRATIME, MS_RELATIME = 1024, 2048, 1 << 21
 MS_PRIVATE = 1 << 18
 MNT_DETACH = 2
 PR_SET_PDEATHSIG = 1
+PR_SET_CHILD_SUBREAPER = 36
 PR_CAPBSET_DROP = 24
 PR_SET_SECCOMP, SECCOMP_MODE_FILTER = 22, 2
 PR_SET_NO_NEW_PRIVS = 38
@@ -51,6 +56,10 @@ _LINUX_CAPABILITY_VERSION_3 = 0x20080522
 SYSTEM_READ = ("/usr/lib", "/usr/lib64", "/usr/lib32", "/usr/local/lib", "/lib", "/lib64", "/lib32",
                "/etc/ld.so.cache", "/etc/localtime", "/usr/share/zoneinfo")  # fmt: skip
 DEVICES = ("/dev/null", "/dev/zero", "/dev/random", "/dev/urandom")
+#: What of its own ``/proc/self`` the code may read (with Landlock): not ``mountinfo``, ``mounts``,
+#: ``cgroup``, ``net/``, ``ns/``, ``task/`` (a second way to all of them).
+PROC_SELF = ("stat", "statm", "status", "limits", "cmdline", "comm", "maps", "smaps", "smaps_rollup", "io",
+             "fd", "fdinfo")  # fmt: skip
 
 # Landlock (linux/landlock.h); the syscall numbers are the same on every architecture.
 SYS_LANDLOCK_CREATE_RULESET, SYS_LANDLOCK_ADD_RULE, SYS_LANDLOCK_RESTRICT_SELF = 444, 445, 446
@@ -92,18 +101,20 @@ def fatal(report: Reporter, text: str) -> None:
 
 
 # -- outer: cgroup and namespaces ------------------------------------------------------------------
-def join_cgroup(cfg: dict, report: Reporter) -> bool:
-    path = cfg["cgroup"]
-    if not path:
-        return False
+def join_cgroup(cfg: dict, report: Reporter) -> dict:
+    """Move into the call's cgroups -> ``{controller: held}`` (none held when a move fails)."""
+    held = dict(cfg["cgroup_held"])
     try:
-        with open(os.path.join(path, "cgroup.procs"), "w") as f:
-            f.write(str(os.getpid()))
-        return True
+        for path in cfg["cgroups"]:
+            with open(os.path.join(path, "cgroup.procs"), "w") as f:
+                f.write(str(os.getpid()))
     except OSError as exc:
         if cfg["cgroup_mode"] == "require":
-            fatal(report, f"could not join the pids cgroup {path}: {exc}")
-        return False
+            fatal(report, f"could not join the call's cgroup {path}: {exc}")
+        why = f"could not join the call's cgroup {path}: {exc}"
+        cfg["cgroup_why"] = {name: why for name in held}
+        return {name: False for name in held}
+    return held
 
 
 def _write(path: str, text: str) -> None:
@@ -113,18 +124,21 @@ def _write(path: str, text: str) -> None:
 
 def unshare_namespaces(cfg: dict, report: Reporter) -> dict:
     """Enter new network and pid namespaces (inside a new user namespace when not root)."""
+    none = {"netns": False, "pidns": False, "ipcns": False, "userns": False}
     if cfg["namespaces"] == "off":
-        return {"netns": False, "pidns": False, "userns": False, "why": "namespaces is off"}
+        return {**none, "why": "namespaces is off"}
     uid, gid = os.geteuid(), os.getegid()
-    flags = CLONE_NEWNET | CLONE_NEWPID | CLONE_NEWNS
+    # The cgroup namespace (after joining the call's cgroups) shows them as "/": no host paths.
+    flags = CLONE_NEWNET | CLONE_NEWPID | CLONE_NEWNS | CLONE_NEWIPC | CLONE_NEWCGROUP
     userns = uid != 0
     if userns:
         flags |= CLONE_NEWUSER
-    if _libc.unshare(flags) != 0:
-        why = f"unshare(net, pid, mount{', user' if userns else ''}) failed: {_errno_text()}"
+    cgroupns = _libc.unshare(flags) == 0
+    if not cgroupns and _libc.unshare(flags & ~CLONE_NEWCGROUP) != 0:  # a kernel without cgroupns
+        why = f"unshare(net, pid, mount, ipc{', user' if userns else ''}) failed: {_errno_text()}"
         if cfg["namespaces"] == "require":
             fatal(report, why)
-        return {"netns": False, "pidns": False, "userns": False, "why": why}
+        return {**none, "why": why}
     if userns:
         # Map our own ids, so files the code creates belong to the caller as usual.
         try:
@@ -135,7 +149,22 @@ def unshare_namespaces(cfg: dict, report: Reporter) -> dict:
             fatal(report, f"could not map ids in the new user namespace: {exc}")
     # A private /proc is mounted only if that mount cannot propagate to the caller's namespace.
     private = _libc.mount(None, b"/", None, MS_REC | MS_PRIVATE, None) == 0
-    return {"netns": True, "pidns": True, "userns": userns, "mounts_private": private}
+    return {"netns": True, "pidns": True, "ipcns": True, "cgroupns": cgroupns, "userns": userns,
+            "mounts_private": private, "ipc_limits": bound_ipc(cfg["limits"])}  # fmt: skip
+
+
+def bound_ipc(limits: dict) -> bool:
+    """In the call's new IPC namespace: SysV shared memory of at most ``memory_mib`` in all, few
+    queues and semaphore sets (the namespace's own limits; its segments die with it)."""
+    memory = int(limits["memory_mib"]) * 2**20
+    settings = {"shmmax": memory, "shmall": memory // os.sysconf("SC_PAGE_SIZE"), "shmmni": 64,
+                "msgmni": 16, "msgmnb": 65536, "sem": "32 1024 32 16"}  # fmt: skip
+    try:
+        for name, value in settings.items():
+            _write(f"/proc/sys/kernel/{name}", str(value))
+    except OSError:
+        return False  # the namespace's defaults; the memory cgroup still counts what is touched
+    return True
 
 
 def mount_private_proc() -> bool:
@@ -203,14 +232,36 @@ def _kept_flags(path: str) -> int:
     return flags | (MS_RELATIME if st & 4096 else 0)
 
 
+def mount_scratch(cfg: dict, target: str) -> str:
+    """A tmpfs of ``max_scratch_bytes`` and ``max_scratch_files`` at ``target``, owned by the code's
+    user, holding the call's ``main.py`` -> ``""``, or why not (then the scratch directory itself is
+    bound there, and its use is checked by the caller)."""
+    limits = cfg["limits"]
+    uid, gid = cfg["scratch_owner"]
+    main = os.path.join(cfg["scratch"], "main.py")
+    try:
+        with open(main, "rb") as f:
+            code = f.read()
+        options = (f"size={int(limits['max_scratch_bytes']) + len(code)},"
+                   f"nr_inodes={int(limits['max_scratch_files']) + 2},mode=0700,uid={uid},gid={gid}")  # fmt: skip
+        _mount("tmpfs", target, "tmpfs", MS_NOSUID | MS_NODEV, options)
+        with open(os.path.join(target, "main.py"), "wb") as f:
+            f.write(code)
+        os.chown(os.path.join(target, "main.py"), uid, gid)
+    except OSError as exc:
+        return f"could not mount the scratch tmpfs: {exc}"
+    return ""
+
+
 def build_root(cfg: dict, outer: dict, allow: list, links: list, report: Reporter) -> dict:
     """As init of the new pid and mount namespaces: a tmpfs at ``root_dir`` holding, at their own
-    paths, read-only binds of ``allow``, the scratch directory (writable), :data:`DEVICES` and a
-    /proc of this pid namespace; the tmpfs is then made read-only and becomes ``/`` (``pivot_root``),
-    and the old root is detached, so nothing else of the machine's file system is reachable."""
+    paths, read-only binds of ``allow``, the size-limited scratch tmpfs (writable, at the scratch
+    directory's path), :data:`DEVICES` and a /proc of this pid namespace; the tmpfs is then made
+    read-only and becomes ``/`` (``pivot_root``), and the old root is detached, so nothing else of
+    the machine's file system is reachable."""
     mode = cfg["mountns"]
     if mode == "off":
-        return {"held": False, "why": "mountns is off", "proc": False}
+        return {"held": False, "why": "mountns is off", "proc": False, "scratch_why": "mountns is off"}
     try:
         if not outer.get("mounts_private"):
             raise OSError(f"no private mount namespace ({outer.get('why') or 'namespaces are off'})")
@@ -233,7 +284,10 @@ def build_root(cfg: dict, outer: dict, allow: list, links: list, report: Reporte
 
         for path in allow:
             bind(path)
-        bind(cfg["scratch"], writable=True)
+        os.makedirs(new + cfg["scratch"], exist_ok=True)
+        scratch_why = mount_scratch(cfg, new + cfg["scratch"])
+        if scratch_why:
+            bind(cfg["scratch"], writable=True)
         for path in DEVICES:
             if os.path.exists(path):
                 bind(path, writable=path == "/dev/null", device=True)
@@ -258,8 +312,8 @@ def build_root(cfg: dict, outer: dict, allow: list, links: list, report: Reporte
     except OSError as exc:
         if mode == "require":
             fatal(report, f"could not build the read-only root: {exc}")
-        return {"held": False, "why": str(exc), "proc": False}
-    return {"held": True, "proc": proc}
+        return {"held": False, "why": str(exc), "proc": False, "scratch_why": f"no read-only root ({exc})"}
+    return {"held": True, "proc": proc, "scratch_why": scratch_why}
 
 
 # -- user: limits, Landlock, privileges, seccomp, guard ----------------------------------------------
@@ -330,7 +384,13 @@ def landlock(cfg: dict, allow: list, report: Reporter) -> dict:
     if reads:
         rules += [(path, reads if os.path.isdir(path) else file_read) for path in allow]
         rules += [(path, file_read) for path in DEVICES[1:] if os.path.exists(path)]
-        rules += [("/proc/self", FS_READ_FILE | FS_READ_DIR)] if os.path.isdir("/proc/self") else []
+        if os.path.isdir("/proc/self"):
+            # Its own entry, less what shows the machine (mountinfo's host paths, cgroup, net/...).
+            rules.append(("/proc/self", FS_READ_DIR))
+            for name in PROC_SELF:
+                path = f"/proc/self/{name}"
+                if os.path.exists(path):
+                    rules.append((path, FS_READ_FILE | (FS_READ_DIR if os.path.isdir(path) else 0)))
     for path, allowed in rules:
         fd = os.open(path, os.O_PATH | os.O_CLOEXEC)
         rule = _PathBeneathAttr(allowed, fd)
@@ -393,9 +453,6 @@ def drop_privileges(cfg: dict, plan: tuple, report: Reporter) -> dict:
     scratch directory back; then drop every capability (those a user namespace granted, too), so
     nothing the code does is privileged."""
     target, why = plan
-    if os.geteuid() == 0 and cfg["user"] and not target:
-        for path in (cfg["scratch"], os.path.join(cfg["scratch"], "main.py")):
-            os.chown(path, 0, 0)
     # The bounding set first: dropping from it needs CAP_SETPCAP, which the uid change takes away.
     for cap in range(64):
         _libc.prctl(PR_CAPBSET_DROP, cap, 0, 0, 0)  # EINVAL past the last capability: ignored
@@ -415,19 +472,24 @@ class _SockFprog(ctypes.Structure):
     _fields_ = [("len", ctypes.c_ushort), ("filter", ctypes.c_void_p)]
 
 
-def install_seccomp(cfg: dict, report: Reporter) -> dict:
-    """The syscall filter of :mod:`rlcore.sandbox.seccomp` (built by the parent)."""
+def install_seccomp(cfg: dict, report: Reporter, allow: dict) -> dict:
+    """The syscall filter of :mod:`rlcore.sandbox.seccomp` (built by the parent), its switches set
+    by ``allow`` (``{switch: allowed}``, from the layers that held)."""
     mode = cfg["seccomp"]
     if mode == "off":
         return {"held": False, "why": "seccomp is off"}
-    program = bytes.fromhex(cfg["seccomp_filter"] or "")
+    program = bytearray.fromhex(cfg["seccomp_filter"] or "")
     why = cfg["seccomp_why"]
+    for name, index in cfg["seccomp_slots"].items():
+        # The k field of the switch's RET instruction: allow, or EPERM.
+        verdict = 0x7FFF0000 if allow.get(name) else 0x00050001
+        program[index * 8 + 4 : index * 8 + 8] = verdict.to_bytes(4, sys.byteorder)
     if program:
-        buffer = ctypes.create_string_buffer(program, len(program))
+        buffer = ctypes.create_string_buffer(bytes(program), len(program))
         prog = _SockFprog(len(program) // 8, ctypes.addressof(buffer))
         _libc.prctl(PR_SET_NO_NEW_PRIVS, 1, 0, 0, 0)
         if _libc.prctl(PR_SET_SECCOMP, SECCOMP_MODE_FILTER, ctypes.byref(prog), 0, 0) == 0:
-            return {"held": True}
+            return {"held": True, "allow": sorted(k for k, v in allow.items() if v)}
         why = f"prctl(PR_SET_SECCOMP) failed: {_errno_text()}"
     if mode == "require":
         fatal(report, why)
@@ -542,6 +604,7 @@ def install_guard(scratch: str, block: dict, readable: list) -> None:
 
 def run_user_code(cfg: dict, report: Reporter, outer: dict, root: dict, allow: list) -> int:
     _libc.prctl(PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0)
+    signal.pthread_sigmask(signal.SIG_UNBLOCK, {signal.SIGCHLD})  # init blocks it to poll
     os.chdir(cfg["scratch"])
     limits = cfg["limits"]
     plan = plan_user(cfg, report)
@@ -549,17 +612,24 @@ def run_user_code(cfg: dict, report: Reporter, outer: dict, root: dict, allow: l
     # The kernel does not apply RLIMIT_NPROC to root; for another user it counts all their tasks
     # (threads included), so the limit is what they run now plus the sandbox's share. Only where no
     # pids cgroup holds: the cgroup bounds this call exactly, the rlimit every call of the user.
-    nproc_enforced = uid != 0 and not outer["cgroup"]
+    nproc_enforced = uid != 0 and not outer["cgroup"]["pids"]
     # This process is counted already: the code may have max_processes, itself included.
     nproc = (user_task_count(uid) + int(limits["max_processes"]) - 1) if nproc_enforced else None
     ll = landlock(cfg, allow, report)
     user = drop_privileges(cfg, plan, report)
     set_rlimits(limits, nproc)
-    sc = install_seccomp(cfg, report)
+    switches = {
+        "sysv": outer["ipcns"],
+        "memfd": outer["cgroup"]["memory"],
+        "unix": outer["netns"] and root["held"],
+        "inet_tcp": outer["netns"] or ll.get("net", False),
+        "inet_other": outer["netns"],
+    }
+    sc = install_seccomp(cfg, report, switches)
     reads = root["held"] or ll.get("reads", False)
     files = ll["abi"] >= 1
     network = outer["netns"] or ll.get("net", False)
-    processes = outer["cgroup"] or nproc is not None
+    processes = outer["cgroup"]["pids"] or nproc is not None
     guard = {}
     if cfg["guard"]:
         signals = outer["pidns"] or ll.get("signals", False)
@@ -574,14 +644,19 @@ def run_user_code(cfg: dict, report: Reporter, outer: dict, root: dict, allow: l
         guard = {k: v for k, v in guard.items() if v}
         install_guard(cfg["scratch"], guard, allow)
     missing = "no new namespaces"
+    cgroup_why = cfg["cgroup_why"]
     layers = {
         "netns": (outer["netns"], outer.get("why", missing)),
         "pidns": (outer["pidns"], outer.get("why", missing)),
         "mountns": (root["held"], root.get("why", "")),
+        "ipcns": (outer["ipcns"], outer.get("why", missing)),
         "landlock": (ll["abi"] >= 1 and ll.get("reads", False), ll.get("why", "reads are not restricted")),
         "landlock-net": (ll.get("net", False), ll.get("why", f"Landlock ABI {ll['abi']} < 4")),
         "landlock-scope": (ll.get("signals", False), ll.get("why", f"Landlock ABI {ll['abi']} < 6")),
-        "cgroup": (outer["cgroup"], outer.get("cgroup_why", "")),
+        "cgroup": (outer["cgroup"]["pids"], cgroup_why.get("pids", "")),
+        "cgroup-memory": (outer["cgroup"]["memory"], cgroup_why.get("memory", "")),
+        "cgroup-cpu": (outer["cgroup"]["cpu"], cgroup_why.get("cpu", "")),
+        "scratch-fs": (not root.get("scratch_why", "?"), root.get("scratch_why", "")),
         "user": (user["held"], user["why"]),
         "seccomp": (sc["held"], sc.get("why", "")),
     }
@@ -593,12 +668,23 @@ def run_user_code(cfg: dict, report: Reporter, outer: dict, root: dict, allow: l
             "guard": sorted(guard),
             "proc": root.get("proc") or outer.get("proc", False),
             "uid": user["uid"],
+            "budget": outer.get("budget", []),
+            "seccomp_allow": sc.get("allow", []),
             "layers": layers,
         }
     )
     for name in cfg["require"]:
         if not layers[name]["held"]:
             fatal(report, f"sandbox.require names {name!r}, which did not hold here: {layers[name]['why']}")
+    if plan[1] and cfg["user"]:
+        # Root without capabilities is still root to every file the machine's permissions guard.
+        fatal(
+            report,
+            f"refusing to run the code as root: {plan[1]}, and without the read-only root "
+            f"(mountns: {root.get('why') or 'held'}) nothing makes it readable. Give sandbox.options.python "
+            "an interpreter that user can read, run where the mount namespace holds, or set "
+            "sandbox.user: null to accept root without capabilities",
+        )
     report.close()
 
     path = os.path.join(cfg["scratch"], "main.py")
@@ -639,16 +725,147 @@ def wait_and_report(pid: int, report: Reporter) -> None:
             return
 
 
+def call_pids(private_proc: bool) -> list:
+    """The call's other processes: with the pid namespace's own /proc, all it lists; else this
+    process's descendants (a subreaper keeps orphans among them), found by their parents."""
+    me = os.getpid()
+    numbers = [int(name) for name in os.listdir("/proc") if name.isdigit()]
+    if private_proc:
+        return [pid for pid in numbers if pid != me]
+    children: dict = {}
+    for pid in numbers:
+        try:
+            with open(f"/proc/{pid}/stat") as f:
+                ppid = int(f.read().rsplit(")", 1)[1].split()[1])
+        except (OSError, IndexError, ValueError):
+            continue
+        children.setdefault(ppid, []).append(pid)
+    found, todo = [], [me]
+    while todo:
+        for child in children.get(todo.pop(), []):
+            found.append(child)
+            todo.append(child)
+    return found
+
+
+def call_usage(pids: list, ipcns: bool) -> tuple:
+    """(CPU seconds of the call's processes ``pids`` and of every reaped one; bytes they hold: each
+    one's private resident memory, plus the SysV segments of the call's own IPC namespace)."""
+    ticks, page = os.sysconf("SC_CLK_TCK"), os.sysconf("SC_PAGE_SIZE")
+    cpu = memory = 0
+    for pid in pids:
+        try:
+            with open(f"/proc/{pid}/stat") as f:
+                fields = f.read().rsplit(")", 1)[1].split()
+            with open(f"/proc/{pid}/statm") as f:
+                statm = f.read().split()
+        except OSError:
+            continue  # ended meanwhile
+        cpu += int(fields[11]) + int(fields[12])  # utime, stime
+        memory += (int(statm[1]) - int(statm[2])) * page  # resident less file-backed and shared
+    if ipcns:
+        try:
+            with open("/proc/sysvipc/shm") as f:
+                memory += sum(int(line.split()[14]) for line in list(f)[1:])  # rss
+        except (OSError, IndexError, ValueError):
+            pass
+    reaped = resource.getrusage(resource.RUSAGE_CHILDREN)
+    return cpu / ticks + reaped.ru_utime + reaped.ru_stime, memory
+
+
+def kill_call(private_proc: bool) -> None:
+    """SIGKILL every other process of the call."""
+    if private_proc:
+        try:
+            os.kill(-1, signal.SIGKILL)  # pid 1's -1: every other process of its namespace
+        except ProcessLookupError:
+            pass
+        return
+    for pid in call_pids(False):
+        try:
+            os.kill(pid, signal.SIGKILL)
+        except ProcessLookupError:
+            pass
+
+
+def scratch_usage(path: str) -> dict:
+    """Bytes and files in the scratch tmpfs, and whether either is at its limit."""
+    st = os.statvfs(path)
+    return {"bytes": (st.f_blocks - st.f_bfree) * st.f_frsize, "files": st.f_files - st.f_ffree,
+            "full_bytes": st.f_bavail == 0, "full_files": st.f_ffree == 0}  # fmt: skip
+
+
+def wait_call(user: int, report: Reporter, cfg: dict, budget: dict, scratch_fs: bool, private: bool) -> None:
+    """As the call's reaper (pid 1 of its namespace, ``private``: that namespace's /proc; else the outer
+    process, a subreaper): reap until ``user`` ends, then end and reap every process left; report
+    the user process's wait status, the CPU time of the whole call and the scratch use. ``budget``
+    (``cpu_s``, ``memory``: what no cgroup keeps) is polled on each child's exit and every 50 ms;
+    past it every process of the call is killed."""
+    status = usage = exceeded = None
+    ipcns = private and cfg.get("ipcns", False)
+    while True:
+        try:
+            done, got, used = os.wait4(-1, os.WNOHANG if budget else 0)
+        except ChildProcessError:
+            break
+        if done == user:
+            status, usage = got, used
+            break
+        if done:
+            continue
+        cpu, memory = call_usage(call_pids(private), ipcns)
+        if "cpu_s" in budget and cpu > budget["cpu_s"]:
+            exceeded = {"limit": "cpu_s", "used": cpu}
+        elif "memory" in budget and memory > budget["memory"]:
+            exceeded = {"limit": "memory_mib", "used": memory}
+        if exceeded:
+            budget = {}  # from here, block until the user process is reaped
+            kill_call(private)
+            continue
+        signal.sigtimedwait([signal.SIGCHLD], 0.05 if private else 0.1)
+    kill_call(private)  # what the code left running ends with the call
+    while True:
+        try:
+            os.wait4(-1, 0)
+        except ChildProcessError:
+            break
+    total = resource.getrusage(resource.RUSAGE_CHILDREN)
+    record = {"exit": status, "cpu_s": total.ru_utime + total.ru_stime,
+              "max_rss_kib": usage.ru_maxrss if usage else None}  # fmt: skip
+    if exceeded:
+        record["budget"] = exceeded
+    if scratch_fs:
+        record["scratch"] = scratch_usage(cfg["scratch"])
+    report.send(**record)
+
+
+def call_budget(cfg: dict, cgroup: dict) -> dict:
+    """What of the call's budget its reaper keeps: what no cgroup does."""
+    budget = {}
+    if not cgroup["cpu"]:
+        budget["cpu_s"] = float(cfg["limits"]["cpu_s"])
+    if not cgroup["memory"]:
+        budget["memory"] = int(cfg["limits"]["memory_mib"]) * 2**20
+    return budget
+
+
 def main() -> None:
     cfg = json.loads(sys.argv[1])
     report = Reporter(cfg["report_fd"])
     cgroup = join_cgroup(cfg, report)
     outer = {"cgroup": cgroup, **unshare_namespaces(cfg, report)}
-    if not cgroup:
-        outer["cgroup_why"] = cfg["cgroup_why"]
     report.send(outer=outer)
     allow, links = read_allowlist(cfg) if cfg["reads"] else ([], [])
-    root = {"held": False, "why": "reads are not restricted", "proc": False}
+    budget = {}
+    if not outer["pidns"]:
+        # This process reaps the user process and whatever it leaves (a subreaper keeps orphans
+        # its descendants), and keeps the budget no cgroup does.
+        _libc.prctl(PR_SET_CHILD_SUBREAPER, 1, 0, 0, 0)
+        budget = call_budget(cfg, cgroup)
+        outer["budget"] = sorted(budget)
+        signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGCHLD})
+    no_root = "reads are not restricted"
+    root = {"held": False, "why": no_root, "proc": False, "scratch_why": f"no mount namespace ({no_root})"}
     # With a pid namespace the first child is its pid 1 (init); without one, the user process itself.
     pid = os.fork()
     if pid == 0:
@@ -658,23 +875,32 @@ def main() -> None:
                 root = build_root(cfg, outer, allow, links, report)
             if not root["held"]:
                 outer["proc"] = outer["mounts_private"] and mount_private_proc()
+                if outer["mounts_private"] and cfg["mountns"] != "off":
+                    # No read-only root, but the private mount namespace still takes the tmpfs.
+                    root["scratch_why"] = mount_scratch(cfg, cfg["scratch"])
+            private = bool(root["proc"] or outer.get("proc"))  # this namespace's /proc
+            # Without it, /proc lists the machine: init reaps, the caller's cgroup or rlimits bound.
+            budget = call_budget(cfg, cgroup) if private else {}
+            outer["budget"] = sorted(budget)
+            signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGCHLD})  # sigtimedwait's, from now on
             user = os.fork()
             if user == 0:
                 sys.exit(run_user_code(cfg, report, outer, root, allow))
-            wait_and_report(user, report)
+            wait_call(
+                user, report, {**cfg, "ipcns": outer["ipcns"]}, budget, not root["scratch_why"], private
+            )
             os._exit(0)  # pid 1 leaving kills whatever the code left running
         if cfg["reads"] and cfg["mountns"] != "off":
-            root = {
-                "held": False,
-                "why": f"needs the pid namespace ({outer.get('why', 'namespaces are off')})",
-            }
+            why = f"needs the pid namespace ({outer.get('why', 'namespaces are off')})"
+            root = {"held": False, "why": why, "scratch_why": f"no mount namespace ({why})"}
             if cfg["mountns"] == "require":
                 fatal(report, f"could not build the read-only root: {root['why']}")
         sys.exit(run_user_code(cfg, report, outer, root, allow))
-    report_copy = report if not outer["pidns"] else Reporter(-1)
     if outer["pidns"]:
-        report.close()
-    wait_and_report(pid, report_copy)
+        report.close()  # init reports
+        wait_and_report(pid, Reporter(-1))
+    else:
+        wait_call(pid, report, cfg, budget, False, False)
     os._exit(0)
 
 

@@ -28,8 +28,8 @@ STATUSES = ("ok", "error", "timeout", "memory", "killed")
 #: The isolation layers of the local sandbox, each held or missing per call
 #: (``SandboxResult.isolation["layers"]``); ``sandbox.require`` names those that must hold. What each
 #: one enforces is in ``docs/security.md``.
-LAYERS = ("netns", "pidns", "mountns", "landlock", "landlock-net", "landlock-scope", "cgroup", "user",
-          "seccomp")  # fmt: skip
+LAYERS = ("netns", "pidns", "mountns", "ipcns", "landlock", "landlock-net", "landlock-scope", "cgroup",
+          "cgroup-memory", "cgroup-cpu", "scratch-fs", "user", "seccomp")  # fmt: skip
 
 T = TypeVar("T")
 
@@ -43,11 +43,14 @@ def _positive(instance: Any, attribute: attrs.Attribute, value: float) -> None:
 class SandboxLimits:
     """Limits of one sandboxed call. A remote sandbox applies those its API carries (wall time, memory)."""
 
-    #: CPU seconds the code may use (``RLIMIT_CPU``; a ``timeout`` past it).
+    #: CPU seconds of the whole call, all its processes together (the cgroup's accounting, or the pid
+    #: namespace's; ``RLIMIT_CPU`` per process too); a ``timeout`` past it.
     cpu_s: float = attrs.field(default=10.0, validator=_positive)
     #: Wall-clock seconds before the whole call is killed (``timeout``).
     wall_s: float = attrs.field(default=20.0, validator=_positive)
-    #: Address space in MiB (``RLIMIT_AS``; an allocation past it raises ``MemoryError``: ``memory``).
+    #: Memory in MiB: the address space of each process (``RLIMIT_AS``: an allocation past it raises
+    #: ``MemoryError``) and what all the call's processes hold together, shared memory, ``memfd`` and
+    #: the scratch tmpfs included (a memory cgroup, or the pid namespace's accounting); ``memory``.
     memory_mib: int = attrs.field(default=1024, validator=_positive)
     #: Bytes of stdout and of stderr kept each; the rest is dropped (``truncated``).
     max_output_bytes: int = attrs.field(default=64 * 1024, validator=_positive)
@@ -58,6 +61,11 @@ class SandboxLimits:
     max_file_bytes: int = attrs.field(default=64 * 2**20, validator=_positive)
     #: Open file descriptors (``RLIMIT_NOFILE``).
     max_open_files: int = attrs.field(default=256, validator=_positive)
+    #: Bytes the call may keep in its scratch directory, all files together (a size-limited tmpfs, or
+    #: the caller's walk where none can be mounted); an ``error`` naming the limit past it.
+    max_scratch_bytes: int = attrs.field(default=256 * 2**20, validator=_positive)
+    #: Files and directories the call may make in its scratch directory (the tmpfs's inodes).
+    max_scratch_files: int = attrs.field(default=10_000, validator=_positive)
 
 
 @attrs.frozen(kw_only=True)

@@ -29,10 +29,12 @@ from rlcore.sandbox.api import LAYERS, Sandbox, SandboxLimits, SandboxResult
 MODES = ("auto", "require", "off")
 #: The user the code runs as when the caller is root, unless told otherwise.
 DEFAULT_USER = "nobody"
-_SECCOMP_FILTER, _SECCOMP_WHY = seccomp.filter_hex()
+_SECCOMP_FILTER, _SECCOMP_SLOTS, _SECCOMP_WHY = seccomp.filter_hex()
 _PIVOT_ROOT = seccomp.ARCHES.get(os.uname().machine, (0, {}, False))[1].get("pivot_root")
 _CHILD_SOURCE = (Path(__file__).parent / "_child.py").read_text()
 _READ_CHUNK = 64 * 1024
+#: Seconds between the caller's walks of a scratch directory on the machine's disk (no tmpfs).
+_SCRATCH_WALK_S = 0.2
 
 
 def _mode(name: str, value: Any) -> str:
@@ -149,16 +151,26 @@ class LocalSandbox(Sandbox):
         if self.user is not None:
             for path in (scratch, scratch / "main.py"):
                 os.chown(path, *self.user)
-        group = cgroups.create(limits.max_processes) if self.cgroup != "off" else None
-        if group is None and self.cgroup == "require":
+            # Where no read-only root is built, the user reaches scratch through this directory.
+            workdir.chmod(0o711)
+        if self.cgroup != "off":
+            group, cgroup_why = cgroups.create(limits.max_processes, limits.memory_mib)
+        else:
+            group, cgroup_why = None, {c: "cgroup is off" for c in cgroups.CONTROLLERS}
+        if cgroup_why and self.cgroup == "require":
+            if group is not None:
+                await asyncio.to_thread(cgroups.remove, group)
             _rmtree(workdir)
             return SandboxResult(
-                status="error", message=f"cgroup='require' but {_NO_CGROUP}", wall_s=time.monotonic() - start
+                status="error",
+                message=f"cgroup='require' but {'; '.join(cgroup_why.values())}",
+                wall_s=time.monotonic() - start,
             )
+        watch = _Watch(group, limits, scratch)
         report_r, report_w = os.pipe()
         proc: asyncio.subprocess.Process | None = None
         readers: list[asyncio.Task] = []
-        timed_out = False
+        ended = "exited"
         try:
             config = {
                 "scratch": str(scratch),
@@ -169,7 +181,10 @@ class LocalSandbox(Sandbox):
                     "max_processes": limits.max_processes,
                     "max_file_bytes": limits.max_file_bytes,
                     "max_open_files": limits.max_open_files,
+                    "max_scratch_bytes": limits.max_scratch_bytes,
+                    "max_scratch_files": limits.max_scratch_files,
                 },
+                "scratch_owner": list(self.user or (os.geteuid(), os.getegid())),
                 "namespaces": self.namespaces,
                 "mountns": self.mountns,
                 "root_dir": str(workdir / "root"),
@@ -177,11 +192,13 @@ class LocalSandbox(Sandbox):
                 "landlock": self.landlock,
                 "reads": self.reads,
                 "read_paths": self.read_paths,
-                "cgroup": str(group) if group else None,
+                "cgroups": group.procs_dirs if group else [],
+                "cgroup_held": {c: group is not None and c in group.dirs for c in cgroups.CONTROLLERS},
                 "cgroup_mode": self.cgroup,
-                "cgroup_why": "cgroup is off" if self.cgroup == "off" else _NO_CGROUP,
+                "cgroup_why": cgroup_why,
                 "seccomp": self.seccomp,
                 "seccomp_filter": _SECCOMP_FILTER,
+                "seccomp_slots": _SECCOMP_SLOTS,
                 "seccomp_why": _SECCOMP_WHY,
                 "user": list(self.user) if self.user else None,
                 "user_mode": "require" if "user" in self.require else "auto",
@@ -219,7 +236,7 @@ class LocalSandbox(Sandbox):
                 asyncio.create_task(_read_capped(proc.stderr, cap)),
             ]
             feeder = asyncio.create_task(_feed(proc.stdin, stdin.encode("utf-8", "replace")))
-            timed_out = not await _exited(proc, limits.wall_s)
+            ended = await _exited(proc, limits.wall_s, watch)
             feeder.cancel()
             _kill_group(proc.pid)
             if group is not None:
@@ -232,6 +249,9 @@ class LocalSandbox(Sandbox):
                 proc._transport.close()  # type: ignore[attr-defined]  # else wait() waits for the pipes
             await proc.wait()
             report = _read_report(report_r)
+            if "scratch" not in report:  # no tmpfs: the scratch directory is on this machine's disk
+                await asyncio.to_thread(watch.check_scratch)
+            watch.check_group()
         finally:
             if proc is not None and proc.returncode is None:
                 _kill_group(proc.pid)
@@ -246,7 +266,8 @@ class LocalSandbox(Sandbox):
             report,
             stdout.decode("utf-8", "replace"),
             stderr.decode("utf-8", "replace"),
-            timed_out=timed_out,
+            timed_out=ended == "wall",
+            watch=watch,
             returncode=proc.returncode,
             limits=limits,
             truncated=out_cut or err_cut,
@@ -254,10 +275,79 @@ class LocalSandbox(Sandbox):
         )
 
 
-_NO_CGROUP = (
-    "no pids cgroup can be created here (needs root or a delegated cgroup v2 subtree with the pids "
-    "controller)"
-)
+class _Watch:
+    """The call's budget as the caller keeps it: the cgroup's CPU and OOM accounting (polled while
+    the call runs, read once more after it) and, where scratch is on this machine's disk (no tmpfs
+    held), the scratch directory's bytes and files. ``exceeded`` is the first limit found passed:
+    ``{"limit": key of SandboxLimits, "used": amount}``."""
+
+    def __init__(self, group: cgroups.CallGroup | None, limits: SandboxLimits, scratch: Path):
+        self.group, self.limits, self.scratch = group, limits, scratch
+        self.exceeded: dict[str, Any] | None = None
+        self.cpu_s: float | None = None
+        self._next_walk = time.monotonic() + _SCRATCH_WALK_S
+
+    def check_group(self) -> bool:
+        if self.group is None or self.exceeded:
+            return bool(self.exceeded)
+        if "memory" in self.group.dirs and self.group.oom_kills() > 0:
+            self.exceeded = {"limit": "memory_mib", "used": self.group.memory_peak()}
+        elif "cpu" in self.group.dirs:
+            self.cpu_s = self.group.cpu_s()
+            if self.cpu_s is not None and self.cpu_s > self.limits.cpu_s:
+                self.exceeded = {"limit": "cpu_s", "used": self.cpu_s}
+        return bool(self.exceeded)
+
+    def check_scratch(self) -> bool:
+        if self.exceeded:
+            return True
+        used, files = _disk_use(self.scratch)
+        if used > self.limits.max_scratch_bytes:
+            self.exceeded = {"limit": "max_scratch_bytes", "used": used}
+        elif files > self.limits.max_scratch_files:
+            self.exceeded = {"limit": "max_scratch_files", "used": files}
+        return bool(self.exceeded)
+
+    async def check(self) -> bool:
+        """Whether the call is past its budget (a scratch walk at most every ``_SCRATCH_WALK_S``)."""
+        if self.check_group():
+            return True
+        if time.monotonic() >= self._next_walk:
+            # One listing is cheap: a walk only once the code wrote anything beside main.py.
+            if _has_more_than_main(self.scratch) and await asyncio.to_thread(self.check_scratch):
+                return True
+            self._next_walk = time.monotonic() + _SCRATCH_WALK_S
+        return False
+
+
+def _has_more_than_main(scratch: Path) -> bool:
+    try:
+        with os.scandir(scratch) as entries:
+            return any(entry.name != "main.py" for entry in entries)
+    except OSError:
+        return False
+
+
+def _disk_use(top: Path) -> tuple[int, int]:
+    """(bytes allocated, entries) beneath ``top``, not following links; what cannot be read is left
+    out."""
+    used = files = 0
+    stack = [str(top)]
+    while stack:
+        try:
+            with os.scandir(stack.pop()) as entries:
+                for entry in entries:
+                    try:
+                        st = entry.stat(follow_symlinks=False)
+                    except OSError:
+                        continue
+                    used += st.st_blocks * 512
+                    files += 1
+                    if stat.S_ISDIR(st.st_mode):
+                        stack.append(entry.path)
+        except OSError:
+            continue
+    return used, files
 
 
 def _user_ids(user: str | int) -> tuple[int, int] | None:
@@ -297,18 +387,21 @@ def _environment(scratch: Path) -> dict[str, str]:
     }
 
 
-async def _exited(proc: asyncio.subprocess.Process, timeout: float) -> bool:
-    """Whether ``proc`` ended within ``timeout`` s. ``proc.wait()`` would also wait for its pipes to
-    close, which a background child holding them delays until the limit."""
+async def _exited(proc: asyncio.subprocess.Process, timeout: float, watch: _Watch) -> str:
+    """``exited`` when ``proc`` ended within ``timeout`` s, ``wall`` past it, ``budget`` when the
+    call passed its budget first (``watch.exceeded``). ``proc.wait()`` would also wait for its pipes
+    to close, which a background child holding them delays until the limit."""
     loop = asyncio.get_running_loop()
     end = loop.time() + timeout
     pause = 0.002
     while proc.returncode is None:
         if loop.time() >= end:
-            return False
+            return "wall"
+        if await watch.check():
+            return "budget"
         await asyncio.sleep(min(pause, end - loop.time()))
         pause = min(pause * 2, 0.02)
-    return True
+    return "exited"
 
 
 async def _read_capped(stream: asyncio.StreamReader, cap: int) -> tuple[bytes, bool]:
@@ -372,6 +465,10 @@ def _isolation(report: dict[str, Any]) -> dict[str, Any]:
     guard = set(user.get("guard", []))
     abi = landlock.get("abi", 0)
     layers = user.get("layers", {})
+    budget = set(user.get("budget", []))
+
+    def held(name: str) -> bool:
+        return layers.get(name, {}).get("held", False)
 
     def pick(*layers: tuple[str, bool]) -> list[str]:
         return [name for name, held in layers if held] or ["none"]
@@ -393,7 +490,7 @@ def _isolation(report: dict[str, Any]) -> dict[str, Any]:
             ("seccomp", layers.get("seccomp", {}).get("held", False)),
         ),
         "processes": pick(
-            ("cgroup-pids", outer.get("cgroup", False)),
+            ("cgroup-pids", held("cgroup")),
             ("rlimit-nproc", user.get("nproc") is not None),
             ("guard", "processes" in guard),
         ),
@@ -403,6 +500,21 @@ def _isolation(report: dict[str, Any]) -> dict[str, Any]:
             ("guard", "signals" in guard),
         ),
         "cleanup": ["pid-namespace", "process-group"] if outer.get("pidns") else ["process-group"],
+        # The call's budget, all its processes together (else per process: the rlimits).
+        "memory": pick(
+            ("cgroup-memory", held("cgroup-memory")),
+            ("namespace-accounting", "memory" in budget),
+            ("rlimit-as", True),
+        ),
+        "cpu": pick(
+            ("cgroup-cpu", held("cgroup-cpu")),
+            ("namespace-accounting", "cpu_s" in budget),
+            ("rlimit-cpu", True),
+        ),
+        "scratch": pick(("scratch-fs", held("scratch-fs")), ("caller-check", not held("scratch-fs"))),
+        "ipc": pick(("ipcns", held("ipcns")), ("seccomp", held("seccomp") and not held("ipcns"))),
+        # Socket kinds the filter lets through (every other family is refused where seccomp holds).
+        "sockets": [k for k in user.get("seccomp_allow", []) if k in ("unix", "inet_tcp", "inet_other")],
         "private_proc": bool(user.get("proc", False)),
         "landlock_abi": abi,
         "uid": user.get("uid"),
@@ -418,23 +530,30 @@ def _result(
     stderr: str,
     *,
     timed_out: bool,
+    watch: _Watch | None = None,
     returncode: int | None,
     limits: SandboxLimits,
     truncated: bool,
     wall_s: float,
 ) -> SandboxResult:
+    watch = watch or _Watch(None, limits, Path(os.devnull))
     common = {
         "stdout": stdout,
         "stderr": stderr,
         "wall_s": wall_s,
         "truncated": truncated,
         "isolation": _isolation(report),
-        "cpu_s": report.get("cpu_s"),
+        # The cgroup counts every process of the call; else the reaped processes' usage.
+        "cpu_s": watch.cpu_s if watch.cpu_s is not None else report.get("cpu_s"),
     }
     if timed_out:
         return SandboxResult(
             status="timeout", message=f"killed after the wall-clock limit of {limits.wall_s:g} s", **common
         )
+    over = _over_budget(report, watch, limits)
+    if over is not None:
+        status, message = over
+        return SandboxResult(status=status, exit_code=_exit_code(report), message=message, **common)
     if "fatal" in report:
         return SandboxResult(status="error", exit_code=None, message=report["fatal"], **common)
     status = report.get("exit")
@@ -470,6 +589,51 @@ def _result(
             **common,
         )
     return SandboxResult(status="error", exit_code=exit_code, message=f"exit code {exit_code}", **common)
+
+
+def _exit_code(report: dict[str, Any]) -> int | None:
+    status = report.get("exit")
+    if status is None:
+        return None
+    return -os.WTERMSIG(status) if os.WIFSIGNALED(status) else os.WEXITSTATUS(status)
+
+
+def _over_budget(report: dict[str, Any], watch: _Watch, limits: SandboxLimits) -> tuple[str, str] | None:
+    """``(status, message)`` when the call passed one of its budgets (all its processes together), as
+    the caller's watch, the namespace's init or the scratch tmpfs found it; else ``None``."""
+    over = watch.exceeded or report.get("budget")
+    scratch = report.get("scratch", {})
+    if over is None and scratch.get("full_bytes"):
+        over = {"limit": "max_scratch_bytes", "used": scratch["bytes"]}
+    elif over is None and scratch.get("full_files"):
+        over = {"limit": "max_scratch_files", "used": scratch["files"]}
+    cpu = report.get("cpu_s") if watch.cpu_s is None else watch.cpu_s
+    if over is None and cpu is not None and cpu > limits.cpu_s:
+        over = {"limit": "cpu_s", "used": cpu}
+    if over is None:
+        return None
+    limit, used = over["limit"], over.get("used")
+    if limit == "cpu_s":
+        return "timeout", (
+            f"the call's processes used {used:.2f} CPU-seconds together, past the limit of "
+            f"{limits.cpu_s:g} s (sandbox.limits.cpu_s); the call was ended"
+        )
+    if limit == "memory_mib":
+        held = f" (at most {used / 2**20:.0f} MiB held at once)" if used else ""
+        return "memory", (
+            f"the call's processes together reached the memory limit of {limits.memory_mib} MiB "
+            f"(sandbox.limits.memory_mib: every process of the call, shared memory and memfd included)"
+            f"{held}; the call was ended"
+        )
+    if limit == "max_scratch_bytes":
+        return "error", (
+            f"the scratch directory reached its limit of {limits.max_scratch_bytes / 2**20:g} MiB "
+            f"(sandbox.limits.max_scratch_bytes; {used / 2**20:.1f} MiB used)"
+        )
+    return "error", (
+        f"the scratch directory reached its limit of {limits.max_scratch_files} files "
+        f"(sandbox.limits.max_scratch_files; {used} used)"
+    )
 
 
 def _rmtree(path: Path) -> None:

@@ -32,7 +32,14 @@ DENIED = (
     "open_by_handle_at", "name_to_handle_at", "fanotify_init", "lookup_dcookie", "syslog", "acct",
     "quotactl", "quotactl_fd", "swapon", "swapoff", "reboot", "vhangup", "sethostname", "setdomainname",
     "settimeofday", "clock_settime", "clock_adjtime", "adjtimex", "iopl", "ioperm",
+    "inotify_init", "inotify_init1", "fanotify_mark",
 )  # fmt: skip
+#: SysV IPC and POSIX message queues: allowed only inside the call's own IPC namespace (switch ``sysv``).
+SYSV = ("shmget", "shmat", "shmctl", "semget", "semop", "semctl", "semtimedop", "msgget", "msgsnd",
+        "msgrcv", "msgctl", "mq_open", "mq_unlink", "mq_timedsend", "mq_timedreceive", "mq_notify",
+        "mq_getsetattr")  # fmt: skip
+#: Memory no address-space limit sees: allowed only where a memory cgroup counts it (switch ``memfd``).
+MEMFD = ("memfd_create", "memfd_secret")
 
 # Syscall numbers (linux/arch/x86/entry/syscalls/syscall_64.tbl, include/uapi/asm-generic/unistd.h).
 _X86_64 = {
@@ -47,6 +54,11 @@ _X86_64 = {
     "quotactl": 179, "quotactl_fd": 443, "swapon": 167, "swapoff": 168, "reboot": 169, "vhangup": 153,
     "sethostname": 170, "setdomainname": 171, "settimeofday": 164, "clock_settime": 227,
     "clock_adjtime": 305, "adjtimex": 159, "iopl": 172, "ioperm": 173, "clone": 56, "clone3": 435,
+    "inotify_init": 253, "inotify_init1": 294, "fanotify_mark": 301,
+    "shmget": 29, "shmat": 30, "shmctl": 31, "semget": 64, "semop": 65, "semctl": 66, "semtimedop": 220,
+    "msgget": 68, "msgsnd": 69, "msgrcv": 70, "msgctl": 71, "mq_open": 240, "mq_unlink": 241,
+    "mq_timedsend": 242, "mq_timedreceive": 243, "mq_notify": 244, "mq_getsetattr": 245,
+    "memfd_create": 319, "memfd_secret": 447, "socket": 41, "socketpair": 53,
 }  # fmt: skip
 _AARCH64 = {
     "unshare": 97, "setns": 268, "mount": 40, "umount2": 39, "pivot_root": 41, "chroot": 51,
@@ -60,6 +72,11 @@ _AARCH64 = {
     "quotactl": 60, "quotactl_fd": 443, "swapon": 224, "swapoff": 225, "reboot": 142, "vhangup": 58,
     "sethostname": 161, "setdomainname": 162, "settimeofday": 170, "clock_settime": 112,
     "clock_adjtime": 266, "adjtimex": 171, "clone": 220, "clone3": 435,
+    "inotify_init1": 26, "fanotify_mark": 263,
+    "shmget": 194, "shmat": 196, "shmctl": 195, "semget": 190, "semop": 193, "semctl": 191,
+    "semtimedop": 192, "msgget": 186, "msgsnd": 189, "msgrcv": 188, "msgctl": 187, "mq_open": 180,
+    "mq_unlink": 181, "mq_timedsend": 182, "mq_timedreceive": 183, "mq_notify": 184,
+    "mq_getsetattr": 185, "memfd_create": 279, "memfd_secret": 447, "socket": 198, "socketpair": 199,
 }  # fmt: skip
 #: ``uname -m`` -> (``AUDIT_ARCH_*``, syscall numbers, whether x32 numbers must be refused).
 ARCHES = {
@@ -74,40 +91,120 @@ _X32_SYSCALL_BIT = 0x40000000
 
 _RET_ALLOW = 0x7FFF0000
 _RET_ERRNO = 0x00050000
-_LD_ABS_W, _JEQ, _JGE, _JSET, _RET = 0x20, 0x15, 0x35, 0x45, 0x06
+RET_EPERM = _RET_ERRNO | errno.EPERM
+RET_ALLOW = _RET_ALLOW
+_LD_ABS_W, _JEQ, _JGE, _JSET, _AND, _RET = 0x20, 0x15, 0x35, 0x45, 0x54, 0x06
 # struct seccomp_data: int nr; __u32 arch; __u64 instruction_pointer; __u64 args[6]
-_NR, _ARCH, _ARG0_LOW = 0, 4, 16
+_NR, _ARCH, _ARG0_LOW, _ARG1_LOW, _ARG2_LOW = 0, 4, 16, 24, 32
+AF_UNIX, AF_INET, AF_INET6 = 1, 2, 10
+SOCK_STREAM, _SOCK_TYPE_MASK = 1, 0xF
+_IPPROTO_TCP = 6
+
+#: The filter's switches: each is a ``RET`` instruction whose verdict the child sets once it knows
+#: which layers hold (:func:`set_slots`), so the parent builds one program per machine.
+#: ``sysv``: SysV IPC and POSIX message queues (allowed only inside the call's own IPC namespace);
+#: ``memfd``: ``memfd_create``/``memfd_secret`` (allowed only where a memory cgroup counts them);
+#: ``unix``: ``socket(AF_UNIX)`` (only inside the network and mount namespaces: outside them it
+#: reaches the caller's abstract and path sockets; ``socketpair`` is always allowed);
+#: ``inet_tcp``: plain TCP sockets (``AF_INET``/``AF_INET6``, ``SOCK_STREAM``, protocol 0 or TCP),
+#: allowed where the network namespace or Landlock's TCP rules hold; ``inet_other``: UDP, raw, SCTP ...,
+#: allowed only inside the network namespace. Every other family (netlink, packet, vsock, alg,
+#: bluetooth ...) is refused always.
+SLOTS = ("sysv", "memfd", "unix", "inet_tcp", "inet_other")
 
 
 def _insn(code: int, k: int, jt: int = 0, jf: int = 0) -> bytes:
     return struct.pack("=HBBI", code, jt, jf, k)
 
 
-def build_filter(machine: str | None = None) -> bytes:
-    """The filter for ``machine`` (default: this one) as packed ``struct sock_filter`` instructions;
-    ``KeyError`` for an architecture without a table here."""
+def _assemble(items: list) -> tuple[bytes, dict[str, int]]:
+    """``items``: ``(code, k, jt, jf)`` tuples whose jumps are labels (str) or 0, and label names
+    (str) marking the next instruction -> (program, {label: instruction index})."""
+    labels: dict[str, int] = {}
+    insns: list[tuple] = []
+    for item in items:
+        if isinstance(item, str):
+            labels[item] = len(insns)
+        else:
+            insns.append(item)
+
+    def offset(target: int | str, at: int) -> int:
+        if isinstance(target, int):
+            return target
+        rel = labels[target] - at - 1
+        if not 0 <= rel <= 255:
+            raise ValueError(f"seccomp: jump to {target} out of range ({rel})")
+        return rel
+
+    out = [_insn(code, k, offset(jt, i), offset(jf, i)) for i, (code, k, jt, jf) in enumerate(insns)]
+    return b"".join(out), labels
+
+
+def build_program(machine: str | None = None) -> tuple[bytes, dict[str, int]]:
+    """The filter for ``machine`` (default: this one) as packed ``struct sock_filter`` instructions,
+    with the instruction index of each switch of :data:`SLOTS` (set to refuse); ``KeyError`` for an
+    architecture without a table here."""
     arch, numbers, x32 = ARCHES[machine or platform.machine()]
-    eperm = _RET_ERRNO | errno.EPERM
-    out = [_insn(_LD_ABS_W, _ARCH), _insn(_JEQ, arch, jt=1), _insn(_RET, eperm), _insn(_LD_ABS_W, _NR)]
+    items: list = [
+        (_LD_ABS_W, _ARCH, 0, 0),
+        (_JEQ, arch, 1, 0),
+        (_RET, RET_EPERM, 0, 0),
+        (_LD_ABS_W, _NR, 0, 0),
+    ]
     if x32:
-        out += [_insn(_JGE, _X32_SYSCALL_BIT, jf=1), _insn(_RET, eperm)]
+        items.append((_JGE, _X32_SYSCALL_BIT, "eperm", 0))
     for name in DENIED:
         if name in numbers:
-            out += [_insn(_JEQ, numbers[name], jf=1), _insn(_RET, eperm)]
-    out += [_insn(_JEQ, numbers["clone3"], jf=1), _insn(_RET, _RET_ERRNO | errno.ENOSYS)]
-    out += [
-        _insn(_JEQ, numbers["clone"], jf=3),
-        _insn(_LD_ABS_W, _ARG0_LOW),  # clone's flags (a little-endian machine: the low word first)
-        _insn(_JSET, CLONE_NAMESPACE_FLAGS, jf=1),
-        _insn(_RET, eperm),
-        _insn(_RET, _RET_ALLOW),
-    ]
-    return b"".join(out)
+            items.append((_JEQ, numbers[name], "eperm", 0))
+    for name in SYSV:
+        items.append((_JEQ, numbers[name], "sysv", 0))
+    for name in MEMFD:
+        items.append((_JEQ, numbers[name], "memfd", 0))
+    items += [
+        (_JEQ, numbers["clone3"], "enosys", 0),
+        (_JEQ, numbers["clone"], "clone", 0),
+        (_JEQ, numbers["socket"], "socket", 0),
+        (_JEQ, numbers["socketpair"], "socketpair", 0),
+        (_RET, RET_ALLOW, 0, 0),
+        # clone's flags (a little-endian machine: the low word first)
+        "clone", (_LD_ABS_W, _ARG0_LOW, 0, 0), (_JSET, CLONE_NAMESPACE_FLAGS, "eperm", "allow"),
+        "socketpair", (_LD_ABS_W, _ARG0_LOW, 0, 0), (_JEQ, AF_UNIX, "allow", "eperm"),
+        "socket", (_LD_ABS_W, _ARG0_LOW, 0, 0),
+        (_JEQ, AF_UNIX, "unix", 0), (_JEQ, AF_INET, "inet", 0), (_JEQ, AF_INET6, "inet", "eperm"),
+        "inet", (_LD_ABS_W, _ARG1_LOW, 0, 0), (_AND, _SOCK_TYPE_MASK, 0, 0),
+        (_JEQ, SOCK_STREAM, 0, "inet_other"), (_LD_ABS_W, _ARG2_LOW, 0, 0),
+        (_JEQ, 0, "inet_tcp", 0), (_JEQ, _IPPROTO_TCP, "inet_tcp", "inet_other"),
+        # Jumps go forward only: the shared verdicts come last.
+        "allow", (_RET, RET_ALLOW, 0, 0),
+        "eperm", (_RET, RET_EPERM, 0, 0),
+        "enosys", (_RET, _RET_ERRNO | errno.ENOSYS, 0, 0),
+    ]  # fmt: skip
+    for slot in SLOTS:
+        items += [slot, (_RET, RET_EPERM, 0, 0)]
+    program, labels = _assemble(items)
+    return program, {slot: labels[slot] for slot in SLOTS}
 
 
-def filter_hex() -> tuple[str | None, str]:
-    """``(program as hex, "")`` for this machine, or ``(None, why)`` where there is no table."""
+def set_slots(program: bytes, slots: dict[str, int], allow: dict[str, bool]) -> bytes:
+    """``program`` with each switch of ``allow`` set to allow (``True``) or refuse with ``EPERM``.
+    (The child does the same on its hex copy: it imports nothing of rlcore.)"""
+    out = bytearray(program)
+    for name, index in slots.items():
+        struct.pack_into("=I", out, index * 8 + 4, RET_ALLOW if allow.get(name) else RET_EPERM)
+    return bytes(out)
+
+
+def build_filter(machine: str | None = None, **allow: bool) -> bytes:
+    """:func:`build_program` with its switches set by ``allow`` (each of :data:`SLOTS`; default: refused)."""
+    program, slots = build_program(machine)
+    return set_slots(program, slots, allow)
+
+
+def filter_hex() -> tuple[str | None, dict[str, int], str]:
+    """``(program as hex, its switches, "")`` for this machine, or ``(None, {}, why)`` where there is
+    no table."""
     try:
-        return build_filter().hex(), ""
+        program, slots = build_program()
+        return program.hex(), slots, ""
     except KeyError:
-        return None, f"no syscall table for this architecture ({platform.machine()}): x86_64, aarch64"
+        return None, {}, f"no syscall table for this architecture ({platform.machine()}): x86_64, aarch64"

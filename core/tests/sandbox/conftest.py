@@ -13,6 +13,7 @@ import os
 import subprocess
 import sys
 import sysconfig
+import tempfile
 from pathlib import Path
 
 import attrs
@@ -88,6 +89,12 @@ class UnprivilegedCaller:
         self.proc.wait(timeout=30)
 
 
+@pytest.fixture(scope="session")
+def others_python() -> str:
+    """:func:`interpreter_for_others` (test modules cannot import conftest under importlib mode)."""
+    return interpreter_for_others()
+
+
 @pytest.fixture(scope="module")
 def unprivileged_caller():
     """Builds :class:`UnprivilegedCaller` objects; their processes end with the test module."""
@@ -100,3 +107,39 @@ def unprivileged_caller():
     yield make
     for caller in made:
         caller.close()
+
+
+#: The configurations the budget and channel cases run under: the defaults from a root caller and
+#: from an unprivileged one, and each fallback (a machine where the mount namespace, or every
+#: namespace, cannot be made). Without the read-only root the code's user must be able to read the
+#: interpreter itself, so the fallbacks take one it can (:func:`interpreter_for_others`).
+FALLBACKS = {
+    "root": {},
+    "unprivileged": {"caller": "nobody"},
+    "root-no-mountns": {"mountns": "off", "python": "others"},
+    "root-no-namespaces": {"namespaces": "off", "python": "others"},
+    "unprivileged-no-namespaces": {"caller": "nobody", "namespaces": "off"},
+}
+
+
+@pytest.fixture(scope="module", params=sorted(FALLBACKS))
+def fallback_sandbox(request, unprivileged_caller, others_python):
+    """A local sandbox under ``request.param`` of :data:`FALLBACKS`, with the module's ``LIMITS``;
+    its ``config_name`` names the configuration. Its scratch root must be empty when it is done."""
+    from rlcore.sandbox.local import LocalSandbox
+
+    options = dict(FALLBACKS[request.param])
+    caller = options.pop("caller", "root")
+    if options.get("python") == "others":
+        options["python"] = others_python
+    limits = request.module.LIMITS
+    root = Path(tempfile.mkdtemp(prefix="rlcore-sandbox-fallback-"))
+    root.chmod(0o777)
+    if caller == "nobody":
+        box = unprivileged_caller(limits, scratch_root=str(root), **options)
+    else:
+        box = LocalSandbox(limits=limits, scratch_root=str(root), **options)
+    box.config_name = request.param
+    yield box
+    assert list(root.iterdir()) == [], "a scratch directory was left behind"
+    root.rmdir()

@@ -244,7 +244,13 @@ def test_signals_to_processes_outside_the_sandbox(sandbox):
 def test_leftover_processes_are_killed_when_the_call_ends(tmp_path: Path):
     """With no pid namespace and no cgroup, the process group is what ends a background child."""
     box = LocalSandbox(
-        limits=LIMITS, scratch_root=str(tmp_path), namespaces="off", cgroup="off", landlock="off", guard=False
+        limits=LIMITS,
+        scratch_root=str(tmp_path),
+        namespaces="off",
+        cgroup="off",
+        landlock="off",
+        guard=False,
+        user=None,  # without the read-only root, nobody cannot run this venv's interpreter under /root
     )
     result = box.run_sync(
         "import subprocess, sys\n"
@@ -280,7 +286,7 @@ def test_guard_refuses_the_c_helper_behind_subprocess(tmp_path: Path):
         "    -1, -1, -1, -1, -1, -1, r, w, True, False, -1, None, None, None, -1, None, False)\n"
         "os.waitpid(pid, 0)\n"
     )
-    off = {"namespaces": "off", "landlock": "off", "cgroup": "off"}
+    off = {"namespaces": "off", "landlock": "off", "cgroup": "off", "user": None}
     unguarded = LocalSandbox(limits=LIMITS, scratch_root=str(tmp_path), guard=False, **off).run_sync(code)
     assert (unguarded.status, unguarded.stdout) == ("ok", "escaped\n"), unguarded  # the control
     guarded = LocalSandbox(limits=LIMITS, scratch_root=str(tmp_path), guard=True, **off).run_sync(code)

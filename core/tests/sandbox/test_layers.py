@@ -61,8 +61,10 @@ def test_the_filter_refuses_namespaces_and_allows_fork_and_threads():
 
 def test_every_architecture_table_covers_the_deny_list():
     for machine, (_arch, numbers, _x32) in seccomp.ARCHES.items():
-        missing = set(seccomp.DENIED) - set(numbers) - {"iopl", "ioperm"}  # x86 only
+        missing = set(seccomp.DENIED) - set(numbers) - {"iopl", "ioperm", "inotify_init"}  # x86 only
         assert not missing, (machine, missing)
+        switched = {*seccomp.SYSV, *seccomp.MEMFD, "socket", "socketpair", "clone", "clone3"}
+        assert switched <= set(numbers), (machine, switched - set(numbers))
         assert len(seccomp.build_filter(machine)) % 8 == 0
 
 
@@ -72,39 +74,45 @@ from rlcore.sandbox import SandboxConfig, SandboxLimits
 from rlcore.sandbox.local import LocalSandbox
 from rlcore.sandbox.seccomp import build_filter
 
-# What a container runtime's default profile does: no unshare, no mount (our own filter refuses both).
+# What a container runtime's default profile does: no unshare, no mount (our own filter refuses both;
+# its switches are all set to allow: IPC, memfd and sockets stay as the container has them).
 libc = ctypes.CDLL(None, use_errno=True)
 class P(ctypes.Structure):
     _fields_ = [("len", ctypes.c_ushort), ("filter", ctypes.c_void_p)]
-program = build_filter()
+program = build_filter(sysv=True, memfd=True, unix=True, inet_tcp=True, inet_other=True)
 buf = ctypes.create_string_buffer(program, len(program))
 assert libc.prctl(38, 1, 0, 0, 0) == 0
 assert libc.prctl(22, 2, ctypes.byref(P(len(program) // 8, ctypes.addressof(buf))), 0, 0) == 0
 
-secret, scratch_root = sys.argv[1], sys.argv[2]
+secret, scratch_root, python = sys.argv[1], sys.argv[2], sys.argv[3]
 limits = SandboxLimits(wall_s=10, cpu_s=5)
-box = LocalSandbox(limits=limits, scratch_root=scratch_root)
+# An interpreter the unprivileged user can read: without the read-only root, nothing else makes it so.
+box = LocalSandbox(limits=limits, scratch_root=scratch_root, python=python)
 read = box.run_sync(f"print(open({secret!r}).read())")
-works = box.run_sync("import json, decimal\\nprint(decimal.Decimal(1) / 8)")
+works = box.run_sync("import json, decimal, os\\nprint(decimal.Decimal(1) / 8, os.getuid())")
+default = LocalSandbox(limits=limits, scratch_root=scratch_root).run_sync("import os\\nprint(os.getuid())")
+as_root = LocalSandbox(limits=limits, scratch_root=scratch_root, user=None).run_sync("import os\\nprint(os.getuid())")
 required = LocalSandbox(limits=limits, scratch_root=scratch_root, require=["mountns"]).run_sync("print('ran')")
 config = SandboxConfig(limits=limits, require=["landlock", "mountns", "netns"], options={"scratch_root": scratch_root})
 print(json.dumps({
     "layers": read.isolation["layers"], "reads": read.isolation["reads"], "uid": read.isolation["uid"],
     "read": [read.status, read.stdout], "works": [works.status, works.stdout],
+    "default": [default.status, default.stdout, default.message], "as_root": [as_root.status, as_root.stdout],
     "required": [required.status, required.stdout, required.message],
     "missing": config.missing_layers(),
 }))
 """
 
 
-def test_without_namespaces_landlock_still_restricts_reads_and_require_refuses(tmp_path):
+def test_without_namespaces_landlock_still_restricts_reads_and_require_refuses(tmp_path, others_python):
     secret = tmp_path / "token"
     secret.write_text("planted-secret")
     secret.chmod(0o644)
     root = Path(tempfile.mkdtemp(prefix="rlcore-sandbox-layers-"))
+    root.chmod(0o755)  # the unprivileged user reaches its scratch directory through it
     try:
         done = subprocess.run(
-            [sys.executable, "-c", _WITHOUT_NAMESPACES, str(secret), str(root)],
+            [sys.executable, "-c", _WITHOUT_NAMESPACES, str(secret), str(root), others_python],
             capture_output=True,
             text=True,
             timeout=120,
@@ -122,11 +130,19 @@ def test_without_namespaces_landlock_still_restricts_reads_and_require_refuses(t
     )
     assert out["reads"] == ["landlock"]
     assert out["read"][0] == "error" and "planted-secret" not in out["read"][1]
-    assert out["works"] == ["ok", "0.125\n"]
-    if os.geteuid() == 0 and out["uid"] == 0:
-        # This interpreter is under /root, which nobody may not enter: without the read-only root
-        # the code stays uid 0, without capabilities, and says why.
-        assert "cannot read the interpreter" in out["layers"]["user"]["why"]
+    uid = 65534 if os.geteuid() == 0 else os.geteuid()
+    assert out["works"] == ["ok", f"0.125 {uid}\n"] and out["uid"] == uid
+    status, stdout, message = out["default"]
+    if os.geteuid() == 0 and Path(others_python) != Path(sys.executable).resolve():
+        # This venv's interpreter is under /root, which nobody may not enter: without the read-only
+        # root the sandbox refuses to run the code as root, and says why and what to do.
+        assert status == "error" and stdout == "", out["default"]
+        assert "refusing to run the code as root" in message and "cannot read the interpreter" in message
+        assert "sandbox.user: null" in message
+    else:
+        assert (status, stdout) == ("ok", f"{uid}\n"), out["default"]
+    # Root without capabilities is what sandbox.user: null asks for.
+    assert out["as_root"] == ["ok", f"{os.geteuid()}\n"]
     status, stdout, message = out["required"]
     assert status == "error" and stdout == "" and "'mountns'" in message and "did not hold" in message
     assert len(out["missing"]) == 2
