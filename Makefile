@@ -15,7 +15,8 @@ PIP := $(PY) -m pip install -q --no-compile --no-cache-dir -c constraints-cpu.tx
 STAMP := $(VENV)/.rlcore-setup
 PACKAGES := -e core -e 'plugins/fsdp[lora]' -e 'plugins/vllm[cpu]' -e plugins/megatron -e plugins/sglang -e plugins/rocm -e plugins/ascend
 # trl: the baseline of benchmarks/vs_trl_cpu.py, whose smoke test runs in `make test` (it must not skip).
-DEV := pytest pytest-benchmark pytest-timeout ruff tensorboard wandb mlflow-skinny trl
+# openai: the client the chat endpoint's tests (core/tests/endpoint) and examples/agents call it with.
+DEV := pytest pytest-benchmark pytest-timeout ruff tensorboard wandb mlflow-skinny trl openai
 
 .PHONY: setup demo test lint
 setup: $(STAMP)

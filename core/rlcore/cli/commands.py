@@ -144,7 +144,8 @@ def _sandbox_layers() -> dict[str, Any]:
     from rlcore.sandbox import SandboxConfig
 
     isolation = SandboxConfig().build().isolation()
-    concerns = ("network", "filesystem", "reads", "privileges", "processes", "signals", "cleanup", "guard")
+    concerns = ("network", "filesystem", "reads", "privileges", "processes", "signals", "memory", "cpu",
+                "scratch", "ipc", "sockets", "cleanup", "guard")  # fmt: skip
     return {
         "layers": {
             name: "held" if layer["held"] else f"missing: {layer['why']}"
