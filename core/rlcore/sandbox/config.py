@@ -45,9 +45,10 @@ class SandboxConfig:
     #: sandbox drops to it before the code starts. ``null`` keeps root (not advised). A trainer that
     #: is not root keeps its own uid. The code never has capabilities (``docs/security.md``).
     user: str | None = "nobody"
-    #: ``local``: isolation layers that must hold (``netns``, ``pidns``, ``mountns``, ``landlock``,
-    #: ``landlock-net``, ``landlock-scope``, ``cgroup``, ``user``, ``seccomp``), or ``rlcore train``
-    #: refuses to start naming the missing one (and each call fails). ``rlcore env`` shows which hold.
+    #: ``local``: isolation layers that must hold (``netns``, ``pidns``, ``mountns``, ``ipcns``,
+    #: ``landlock``, ``landlock-net``, ``landlock-scope``, ``cgroup``, ``cgroup-memory``, ``cgroup-cpu``,
+    #: ``scratch-fs``, ``user``, ``seccomp``), or ``rlcore train`` refuses to start naming the missing
+    #: one (and each call fails). ``rlcore env`` shows which hold.
     require: list[str] = attrs.field(factory=list, validator=_known_layers)
 
     def build(self) -> Sandbox:
