@@ -128,7 +128,7 @@ BAD_NAMES = {
     "algorithm.name=grpx": "'algorithm.name': unknown algorithm 'grpx'. Installed: dapo, grpo",
     "algorithm.adv_estimator=gaee": "'algorithm.adv_estimator': unknown advantage estimator 'gaee'. Installed: gae",
     "algorithm.policy_loss=vanila": "'algorithm.policy_loss': unknown policy loss 'vanila'. Installed: cispo",
-    "reward.provider=rules": "'reward.provider': unknown reward provider 'rules'. Installed: rule",
+    "reward.provider=rules": "'reward.provider': unknown reward provider 'rules'. Installed: agent, rule",
     "transport.name=rayy": "'transport.name': unknown weight transport 'rayy'. Installed: broadcast",
     # Installed device platforms include plugins (ascend, rocm) and the test platform: only the prefix.
     "trainer.device=cpuu": "'trainer.device': unknown device platform 'cpuu'. Installed: ",
