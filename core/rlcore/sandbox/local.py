@@ -1,11 +1,14 @@
 """The ``local`` sandbox: each call runs in a fresh, limited Python process on this machine.
 
 Per call: a scratch directory (the code's cwd, ``HOME`` and ``TMPDIR``; removed afterwards), a new
-session, a minimal environment, a pids cgroup where one can be made, and the child side
-(:mod:`rlcore.sandbox._child`) that applies namespaces, a minimal read-only root, Landlock, an
-unprivileged user, rlimits, a seccomp filter and the audit-hook guard before the code runs. The
-wall-clock limit kills the whole process group, the pid namespace and the cgroup. Which layers held is
-in every result's ``isolation`` (``docs/security.md`` says what each one guarantees).
+session, a minimal environment, a pids, memory and CPU-accounting cgroup where they can be made (one
+budget for all the call's processes, :mod:`rlcore.sandbox.cgroups`), and the child side
+(:mod:`rlcore.sandbox._child`) that applies namespaces (network, pid, mount, IPC, cgroup), a minimal
+read-only root with a size-limited scratch tmpfs, Landlock, an unprivileged user, rlimits, a seccomp
+filter and the audit-hook guard before the code runs. While the call runs this side polls the
+cgroup's CPU time and OOM kills (and, where scratch is on this machine's disk, its size); the wall-clock
+limit, or a budget passed, kills the whole process group, the pid namespace and the cgroup. Which layers
+held is in every result's ``isolation`` (``docs/security.md`` says what each one guarantees).
 """
 
 from __future__ import annotations
@@ -52,8 +55,8 @@ class LocalSandbox(Sandbox):
     """Runs each call in a child interpreter under ``limits``.
 
     ``namespaces``, ``mountns``, ``landlock``, ``cgroup`` and ``seccomp`` are each ``"auto"`` (use
-    when the kernel allows it), ``"require"`` (a call fails with status ``error`` when it does not) or
-    ``"off"``; ``require`` lists layers of :data:`LAYERS` that must hold, the same way. ``guard``
+    when the kernel allows it), ``"require"`` (a call fails with status ``error`` when it does not;
+    for ``cgroup``: the pids, memory and CPU cgroups all) or ``"off"``; ``require`` lists layers of :data:`LAYERS` that must hold, the same way. ``guard``
     installs an audit hook in the child that refuses what no kernel layer covers (see
     :mod:`rlcore.sandbox._child`). ``python`` is the interpreter (default: this one); ``site_packages``
     lets the code import its installed packages (numpy, sympy ...), otherwise only the standard
@@ -65,8 +68,10 @@ class LocalSandbox(Sandbox):
     plus ``read_paths``; ``reads=False`` lifts this (the layer set before reads were restricted).
 
     ``user`` (a name or a uid, default ``nobody``; ``None`` keeps root) is the user the code runs as
-    when the caller is root: the child drops to it before the code starts. A caller that is not root
-    is unprivileged already and keeps its uid. Either way the code has no capabilities.
+    when the caller is root: the child drops to it before the code starts; where that user cannot read
+    ``python`` (no read-only root makes it readable) the call is refused rather than run as root. A
+    caller that is not root is unprivileged already and keeps its uid. Either way the code has no
+    capabilities.
     """
 
     name = "local"

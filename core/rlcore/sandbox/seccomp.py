@@ -6,10 +6,17 @@ namespaces (``unshare``, ``setns``, ``clone`` with a ``CLONE_NEW*`` flag), mount
 ``ptrace`` and cross-process memory access, ``bpf``, the key store (``keyctl``, ``add_key``), kernel
 modules and ``kexec``, ``perf_event_open``, ``userfaultfd``, ``io_uring`` (file I/O that seccomp cannot
 see), file handles (``open_by_handle_at``: the classic container escape), and clock, host name,
-swap and reboot controls. ``clone3`` gets ``ENOSYS``: its flags sit in memory a filter cannot read,
-and the C library then falls back to ``clone``, whose flags it can. Syscalls of another ABI (32-bit
-``int 0x80``, x32) are refused as a whole. Everything else is allowed: the filter is a deny list
-over a program that already runs unprivileged, not a profile of what Python needs.
+swap and reboot controls, inotify and fanotify (watching the shared read-only trees shows other
+processes' opens). ``clone3`` gets ``ENOSYS``: its flags sit in memory a filter cannot read, and the
+C library then falls back to ``clone``, whose flags it can. Syscalls of another ABI (32-bit
+``int 0x80``, x32) are refused as a whole.
+
+``socket`` is an allowlist of families: ``AF_UNIX`` and ``AF_INET``/``AF_INET6`` (TCP apart from the
+rest), every other family (netlink, packet, vsock, alg ...) refused; ``socketpair`` only for
+``AF_UNIX``. What of those, of SysV IPC and of ``memfd_create`` is allowed depends on the layers that
+held for the call (:data:`SLOTS`): the program has a ``RET`` instruction per switch, which the child sets
+before installing it. Everything else is allowed: the filter is a deny list over a program that
+already runs unprivileged, not a profile of what Python needs.
 
 >>> program = build_filter("x86_64")
 >>> len(program) % 8, len(program) // 8 < 4096

@@ -134,8 +134,9 @@ def test_four_children_share_the_cpu_budget(fallback_sandbox):
     result = run(fallback_sandbox, code)
     assert result.status == "timeout", result
     assert "CPU-seconds together" in result.message and "sandbox.limits.cpu_s" in result.message, result
-    # Ended by the call's budget, not by each child's own limit (that would allow 4 x 1.5 s).
-    assert result.cpu_s is not None and result.cpu_s < 4 * LIMITS.cpu_s, result.cpu_s
+    # Ended by the call's budget, within a poll of it, not by each child's own RLIMIT_CPU (which lets
+    # the four use 4 x 1 s): the margin is what two cores can use between polls under load.
+    assert result.cpu_s is not None and result.cpu_s < 2.5 * LIMITS.cpu_s, result.cpu_s
 
 
 def test_threads_of_one_process_share_the_cpu_budget(fallback_sandbox):
