@@ -1,4 +1,5 @@
-"""The algorithm layer: advantage estimators, policy losses, KL, aggregation, DAPO pieces and presets.
+"""The algorithm layer: advantage estimators, policy losses, KL, aggregation, DAPO and on-policy
+distillation pieces, and presets.
 
 Estimators and policy losses live in plugin registries (``advantage_estimators``, ``policy_losses``);
 the built-ins are registered by :mod:`rlcore.builtin.algorithms` through the same hooks a third-party
@@ -39,6 +40,7 @@ _LAZY = {
         ),
         "rlcore.algorithms.dapo",
     ),
+    **dict.fromkeys(("distill_metrics", "opd_advantages"), "rlcore.algorithms.distill"),
     **dict.fromkeys(("entropy_from_logits", "entropy_loss"), "rlcore.algorithms.entropy"),
     **dict.fromkeys(
         (
@@ -141,6 +143,7 @@ __all__ = [
     "apply_overlong_penalty",
     "call_with_available",
     "compute_advantage",
+    "distill_metrics",
     "entropy_from_logits",
     "entropy_loss",
     "filter_groups",
@@ -153,6 +156,7 @@ __all__ = [
     "make_kl_controller",
     "masked_mean",
     "masked_whiten",
+    "opd_advantages",
     "overlong_penalty",
     "register_advantage_estimator",
     "register_policy_loss",

@@ -82,6 +82,8 @@ class AlgorithmPreset:
     needs_reward_baseline: bool = False
     filter_groups: FilterGroups = FilterGroups()
     overlong_buffer: OverlongBuffer = OverlongBuffer()
+    opd_kl_coef: float = 1.0
+    opd_reward_weight: float = 0.0
 
     def __attrs_post_init__(self) -> None:
         if _ROLES_BY_ESTIMATOR.get(self.adv_estimator) == "critic" and not self.needs_critic:
@@ -90,6 +92,9 @@ class AlgorithmPreset:
             )
         if self.adv_estimator == "remax" and not self.needs_reward_baseline:
             raise ValueError(f"preset {self.name!r}: estimator 'remax' needs greedy reward baselines")
+        for field in ("opd_kl_coef", "opd_reward_weight"):
+            if getattr(self, field) < 0:
+                raise ValueError(f"{field} must be >= 0, got {getattr(self, field)!r}")
 
     @property
     def needs_reference(self) -> bool:
@@ -154,6 +159,10 @@ PRESETS: dict[str, AlgorithmPreset] = {
         kl_penalty="kl",
         needs_reward_baseline=True,
     ),
+    # On-policy distillation: the per-token reverse KL to the teacher is the advantage (no critic, no
+    # group); the task reward joins with opd_reward_weight (GRPO's group baseline when it does). No KL to
+    # the student's own start: the teacher is the anchor. PPO's clip as GRPO's, for minibatched updates.
+    "opd": AlgorithmPreset(name="opd", adv_estimator="grpo", opd_kl_coef=1.0, opd_reward_weight=0.0),
 }
 
 

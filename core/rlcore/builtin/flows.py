@@ -14,6 +14,7 @@ ALGORITHMS = {
     "gspo": "rlcore.flows.grpo:GSPO",
     "dapo": "rlcore.flows.dapo:DAPO",
     "remax": "rlcore.flows.remax:ReMax",
+    "opd": "rlcore.flows.opd:OPD",
 }
 
 

@@ -5,7 +5,7 @@ platform whose workers need a Ray resource (``DevicePlatform.ray_resource``), ``
 machines. A role's rank ``r`` runs on bundle ``r`` of its pool and takes ``share`` of that bundle:
 
 ``colocated``
-    every role (actor, critic, reference, reward model, rollout) shares one pool; with ``k`` roles each
+    every role (actor, critic, reference, reward model, teacher, rollout) shares one pool; with ``k`` roles each
     takes ``1/k`` of each device, so Ray puts them on the same devices and they time-share them (the
     trainer releases one role's memory by tag before another role's phase).
 ``split``
@@ -256,11 +256,13 @@ def _check_hostable(role_sizes: Mapping[str, int], tp: int) -> None:
 def role_sizes_from_config(config: Any, roles: Sequence[str]) -> dict[str, int]:
     """Devices each role needs, from an :class:`~rlcore.config.schema.RLConfig`: ``actor`` and
     ``reference`` use ``actor.world_size``, ``critic`` ``critic.world_size``, ``reward_model``
-    ``reward_model.world_size``, ``rollout`` ``num_engines * tensor_parallel_size``."""
+    ``reward_model.world_size``, ``teacher`` ``teacher.world_size``, ``rollout`` ``num_engines *
+    tensor_parallel_size``."""
     table = {
         "actor": config.actor.world_size,
         "reference": config.actor.world_size,
         "reward_model": config.reward_model.world_size,
+        "teacher": config.teacher.world_size,
         "critic": config.critic.world_size,
         ROLLOUT: config.rollout.num_engines * config.rollout.tensor_parallel_size,
     }

@@ -102,6 +102,7 @@ def choose_backend(config: Any, placement: str) -> tuple[str, str]:
         "actor.world_size": config.actor.world_size,
         "critic.world_size": config.critic.world_size,
         "reward_model.world_size": config.reward_model.world_size,
+        "teacher.world_size": config.teacher.world_size,
         "rollout.num_engines": config.rollout.num_engines,
     }
     blockers += [f"{key} is {value}" for key, value in sizes.items() if value != 1]

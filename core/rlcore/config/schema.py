@@ -12,6 +12,7 @@ import attrs
 
 from rlcore.agents.config import AgentConfig
 from rlcore.data.config import DataConfig
+from rlcore.distill.config import TeacherConfig
 from rlcore.rewards.config import RewardConfig
 from rlcore.rewards.model_config import RewardModelConfig
 from rlcore.sandbox.config import SandboxConfig
@@ -46,6 +47,11 @@ def _auto_or_non_negative(instance: Any, attribute: attrs.Attribute, value: floa
     ):
         return
     raise FieldValueError(attribute.name, f"must be 'auto', a number >= 0 or null, got {value!r}")
+
+
+def _optional_non_negative(instance: Any, attribute: attrs.Attribute, value: float | None) -> None:
+    if value is not None and value < 0:
+        raise FieldValueError(attribute.name, f"must be >= 0 or null, got {value!r}")
 
 
 def _positive(instance: Any, attribute: attrs.Attribute, value: int | None) -> None:
@@ -233,7 +239,8 @@ class KLControlConfig:
 class AlgorithmConfig:
     """The RL algorithm: a preset name; any other field left ``None`` takes the preset's value."""
 
-    #: Preset: ``grpo``, ``ppo``, ``dapo``, ``rloo``, ``reinforce_plus_plus``, ``gspo``, ``remax`` ...
+    #: Preset: ``grpo``, ``ppo``, ``dapo``, ``rloo``, ``reinforce_plus_plus``, ``gspo``, ``remax``,
+    #: ``opd`` (on-policy distillation from the ``teacher:`` model) ...
     name: str = "grpo"
     #: Advantage estimator (``gae``, ``grpo``, ``rloo`` ...; see docs/algorithms.md).
     adv_estimator: str | None = None
@@ -269,6 +276,12 @@ class AlgorithmConfig:
     kl_penalty: str | None = None
     #: Coefficient control of the in-reward KL penalty.
     kl_ctrl: KLControlConfig = attrs.Factory(KLControlConfig)
+    #: On-policy distillation (``name: opd``): weight of the per-token reverse KL to the teacher in the
+    #: advantage, ``opd_kl_coef * (log p_teacher - log p_student)`` (preset: 1).
+    opd_kl_coef: float | None = attrs.field(default=None, validator=_optional_non_negative)
+    #: On-policy distillation: weight of the task reward's advantage (``adv_estimator``'s, GRPO's group
+    #: baseline by default) added to the distillation advantage; 0 distils alone (preset: 0).
+    opd_reward_weight: float | None = attrs.field(default=None, validator=_optional_non_negative)
     #: Off-policy correction of samples the rollout drew under older weights (docs/async.md):
     #: ``none``; ``behaviour`` (PPO's ratio centred on the rollout's own log-probs, no old-log-prob pass);
     #: ``decoupled`` (AReaL's decoupled PPO: the ratio centred on the actor's weights before the update,
@@ -478,6 +491,7 @@ class RLConfig:
     rollout: RolloutConfig = attrs.Factory(RolloutConfig)
     reward: RewardConfig = attrs.Factory(RewardConfig)
     reward_model: RewardModelConfig = attrs.Factory(RewardModelConfig)
+    teacher: TeacherConfig = attrs.Factory(TeacherConfig)
     agent: AgentConfig = attrs.Factory(AgentConfig)
     sandbox: SandboxConfig = attrs.Factory(SandboxConfig)
     sft: SFTConfig = attrs.Factory(SFTConfig)

@@ -31,11 +31,15 @@ def optimizer_steps(config: Any) -> int:
 
 def engine_spec(config: Any, role: str) -> EngineSpec:
     """The :class:`~rlcore.api.EngineSpec` of train role ``role`` (``actor``, ``critic``, ``reference``,
-    ``reward_model``)."""
+    ``reward_model``, ``teacher``)."""
     if role == "reward_model":
         from rlcore.rewards.model_config import reward_model_spec
 
         return reward_model_spec(config)
+    if role == "teacher":
+        from rlcore.distill.config import teacher_spec
+
+        return teacher_spec(config)
     temperature = config.rollout.temperature if config.rollout.temperature > 0 else 1.0
     section = config.critic if role == "critic" else config.actor
     optim = section.optim
@@ -123,17 +127,25 @@ def engine_section(config: Any, kind: str, name: str) -> Any:
 
 
 def role_engine(config: Any, role: str) -> str:
-    """The train engine plugin of ``role``: ``reward_model.engine`` for the reward model (when set), else
-    the run's ``engine``."""
+    """The train engine plugin of ``role``: ``reward_model.engine`` for the reward model and
+    ``teacher.engine`` for the teacher (when set), else the run's ``engine``."""
     if role == "reward_model":
         from rlcore.rewards.model_config import reward_model_engine
 
         return reward_model_engine(config)
+    if role == "teacher":
+        from rlcore.distill.config import teacher_engine
+
+        return teacher_engine(config)
     return config.engine
 
 
 def role_world_size(config: Any, role: str) -> int:
-    sizes = {"critic": config.critic.world_size, "reward_model": config.reward_model.world_size}
+    sizes = {
+        "critic": config.critic.world_size,
+        "reward_model": config.reward_model.world_size,
+        "teacher": config.teacher.world_size,
+    }
     return sizes.get(role, config.actor.world_size)
 
 

@@ -20,10 +20,12 @@ from rlcore.api import Batch, SamplingParams
 from rlcore.api.requests import derived_seed
 from rlcore.telemetry.metrics import PhaseTimer
 
-#: What each train role moves off the device while the rollout generates (the reference model has no
-#: optimizer or gradients).
+#: What each train role moves off the device while the rollout generates (the reference model and the
+#: distillation teacher have no optimizer or gradients).
 TRAIN_TAGS = {"actor": ("weights", "grads", "optimizer"), "critic": ("weights", "grads", "optimizer")}
 REFERENCE_TAGS = ("weights",)
+#: Roles that only run forward passes, holding weights alone.
+FROZEN_ROLES = ("reference", "teacher")
 ROLLOUT_TAGS = ("weights", "kv_cache")
 
 
@@ -61,7 +63,7 @@ class MemoryPlan:
         self.state: str | None = None
 
     def _tags(self, role: str) -> tuple[str, ...]:
-        return REFERENCE_TAGS if role == "reference" else TRAIN_TAGS.get(role, TRAIN_TAGS["actor"])
+        return REFERENCE_TAGS if role in FROZEN_ROLES else TRAIN_TAGS.get(role, TRAIN_TAGS["actor"])
 
     def _idle_train(self) -> dict[str, set[str]]:
         return {r: set(self._tags(r)) if self.release_train else set() for r in self.train_roles}
@@ -115,8 +117,8 @@ class MemoryPlan:
 class StepContext:
     """The controller's view of the run, as an algorithm's step uses it.
 
-    Roles: ``actor``, ``rollout`` always; ``critic``, ``reference`` when the preset needs them (else
-    ``None``). ``reward`` scores batches; ``preset`` is the resolved
+    Roles: ``actor``, ``rollout`` always; ``critic``, ``reference`` when the preset needs them, ``teacher``
+    when the algorithm distils (else ``None``). ``reward`` scores batches; ``preset`` is the resolved
     :class:`~rlcore.algorithms.presets.AlgorithmPreset` (preset values with the user's overrides);
     ``kl_ctrl`` the in-reward KL coefficient controller (``None`` without a KL penalty in the reward);
     ``next_prompts()`` draws the next training batch of prompts (dynamic sampling refills from it).
@@ -134,6 +136,8 @@ class StepContext:
     next_prompts: Callable[[], Batch]
     critic: Any = None
     reference: Any = None
+    #: the distillation teacher (:mod:`rlcore.flows.opd`): log-probs of the student's sampled tokens
+    teacher: Any = None
     kl_ctrl: Any = None
     #: token ids of the prompts the post-sync check generates from
     probe_prompts: list[list[int]] = attrs.Factory(list)

@@ -47,6 +47,7 @@ CORE_LAYERS: tuple[tuple[str, tuple[str, ...]], ...] = (
             "rlcore.agents",
             "rlcore.endpoint",
             "rlcore.rewards",
+            "rlcore.distill",
             "rlcore.testing",
         ),
     ),

@@ -98,8 +98,10 @@ class Trainer:
         self._batches = iter(self.train_loader)
         self.sft_examples = self._sft_examples()  # bad warm-up data fails before any engine starts
         self.reward = self._rule_reward()
+        self._check_teacher(algorithm_cls)
 
-        extra = [r for r in ("critic", "reference") if r in {*self.algorithm.roles, *self.preset.roles}]
+        wanted = {*self.algorithm.roles, *self.preset.roles}
+        extra = [r for r in ("critic", "reference", "teacher") if r in wanted]
         # A LoRA actor is its own reference: the base with the adapter off (no second model).
         adapter_reference = "reference" in extra and cfg.actor.lora.rank > 0
         if adapter_reference:
@@ -135,6 +137,7 @@ class Trainer:
             next_prompts=self.next_prompts,
             critic=self.roles.get("critic"),
             reference=AdapterOffReference(actor) if adapter_reference else self.roles.get("reference"),
+            teacher=self.roles.get("teacher"),
             kl_ctrl=make_kl_controller(**attrs.asdict(self.preset.kl_ctrl))
             if self.preset.use_kl_in_reward
             else None,
@@ -262,6 +265,20 @@ class Trainer:
         provider = registry("reward_providers").get(cfg.reward.provider)(cfg.reward)
         self._closers.append(provider)
         return provider
+
+    def _check_teacher(self, algorithm_cls: type) -> None:
+        """A distilling algorithm's ``teacher:`` section (folder, engine, the student's tokenizer), before any
+        engine starts; a teacher named for an algorithm without one is an error too."""
+        from rlcore.config.loader import invalid_config
+        from rlcore.distill.checks import teacher_problems, unused_teacher_problem
+
+        roles = tuple(getattr(algorithm_cls, "roles", ()))
+        unused = unused_teacher_problem(self.config, roles)
+        problems = [unused] if unused else []
+        if "teacher" in roles:
+            problems = teacher_problems(self.config, self.tokenizer)
+        if problems:
+            raise invalid_config(problems)
 
     def _model_reward(self, role: Any) -> Any:
         """The reward model's provider over its role (which is not a member of ``self.roles``: it neither

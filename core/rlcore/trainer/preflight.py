@@ -28,6 +28,7 @@ def check_run(config: Any) -> None:
         *_model_problems(config),
         *_file_problems(config),
         *_reward_model_problems(config),
+        *_teacher_problems(config),
         *_placement_problems(config),
         *_transport_problems(config),
         *config.sandbox.missing_layers(),  # sandbox.require: layers that must hold here
@@ -166,6 +167,23 @@ def _reward_model_problems(config: Any) -> list[str]:
     from rlcore.rewards.model_config import reward_model_problems
 
     return reward_model_problems(config)
+
+
+def _teacher_problems(config: Any) -> Iterator[str]:
+    """A distilling algorithm's teacher folder (a causal LM) and engine; a teacher set for an algorithm
+    without one. (The tokenizer comparison needs the student's tokenizer: the trainer runs it.)"""
+    from rlcore.distill.checks import teacher_problems, unused_teacher_problem
+    from rlcore.plugins import registry
+
+    try:
+        roles = tuple(getattr(registry("algorithms").get(config.algorithm.name), "roles", ()))
+    except RegistryError:
+        return  # reported by the algorithm's own check
+    unused = unused_teacher_problem(config, roles)
+    if unused:
+        yield unused
+    if "teacher" in roles:
+        yield from teacher_problems(config)
 
 
 def _placement_problems(config: Any) -> Iterator[str]:

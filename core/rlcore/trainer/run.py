@@ -109,6 +109,7 @@ def prepare_run(config: Any) -> tuple[Any, Path, str]:
     into it and ``config.yaml``. Returns ``(resolved config, run_dir, config yaml)``."""
     from rlcore.config import to_yaml
     from rlcore.config.auto import resolve_auto
+    from rlcore.distill.config import with_resolved_paths
     from rlcore.rewards.model_config import absolute_paths
 
     model = attrs.evolve(
@@ -122,7 +123,8 @@ def prepare_run(config: Any) -> tuple[Any, Path, str]:
     if critic.model_path:
         critic = attrs.evolve(critic, model_path=resolve_model_path(critic.model_path))
     reward_model = absolute_paths(config.reward_model)
-    config = attrs.evolve(config, model=model, critic=critic, reward_model=reward_model)
+    teacher = with_resolved_paths(config.teacher, resolve_model_path)
+    config = attrs.evolve(config, model=model, critic=critic, reward_model=reward_model, teacher=teacher)
     config, _ = resolve_auto(config)  # a config built in code may still say auto (load_config resolves)
     name = config.trainer.experiment_name or f"{config.algorithm.name}-{time.strftime('%Y%m%d-%H%M%S')}"
     run_dir = Path(config.trainer.output_dir).expanduser() / name

@@ -83,7 +83,7 @@ def test_a_new_name_works_everywhere_and_only_once(fresh_registries):
 
 # ----------------------------------------------------------------------------------- presets
 def test_presets_name_registered_components_and_roles():
-    assert set(PRESETS) == {"ppo", "grpo", "dapo", "rloo", "reinforce_plus_plus", "gspo", "remax"}
+    assert set(PRESETS) == {"ppo", "grpo", "dapo", "rloo", "reinforce_plus_plus", "gspo", "remax", "opd"}
     for name, preset in PRESETS.items():
         assert preset.name == name
         algorithms.get_advantage_estimator(preset.adv_estimator)
@@ -100,6 +100,7 @@ def test_presets_name_registered_components_and_roles():
         "reference",
     )
     assert get_preset("remax").needs_reward_baseline and get_preset("remax").roles == ("reference",)
+    assert get_preset("opd").roles == ()  # its teacher is the flow's role (rlcore.flows.opd.OPD.roles)
 
 
 def test_preset_values_follow_verl_recipes():
@@ -130,7 +131,7 @@ def test_preset_values_follow_verl_recipes():
 def test_preset_errors():
     with pytest.raises(RegistryError, match="Did you mean 'rloo'"):
         get_preset("rlo")
-    with pytest.raises(RegistryError, match="dapo, grpo, gspo, ppo"):
+    with pytest.raises(RegistryError, match="dapo, grpo, gspo, opd, ppo"):
         get_preset("trpo")
     with pytest.raises(ValueError, match="needs a critic"):
         algorithms.AlgorithmPreset(name="x", adv_estimator="gae")

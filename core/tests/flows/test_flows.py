@@ -75,12 +75,15 @@ def test_reward_rises_on_the_local_backend(tmp_path, tiny_model_path, algorithm,
 
 @pytest.mark.parametrize("algorithm", sorted(PRESETS))
 def test_every_preset_runs_two_steps(tmp_path, tiny_model_path, algorithm):
-    trainer = make_trainer(tmp_path, tiny_model_path, algorithm, trainer__total_steps=2)
+    # On-policy distillation needs a teacher: the student's own folder (tests/test_e2e_opd.py distils
+    # from a trained one).
+    extra = {"teacher__model_path": tiny_model_path} if algorithm == "opd" else {}
+    trainer = make_trainer(tmp_path, tiny_model_path, algorithm, trainer__total_steps=2, **extra)
     try:
         history = trainer.fit()
         preset = trainer.preset
-        # The roles the preset asks for, and no others.
-        assert sorted(trainer.roles) == sorted({"actor", *preset.roles})
+        # The roles the preset and the algorithm's flow ask for, and no others.
+        assert sorted(trainer.roles) == sorted({"actor", *preset.roles, *trainer.algorithm.roles})
     finally:
         trainer.close()
     steps = [r for r in history if r["step"] > 0]
