@@ -40,7 +40,8 @@ def engine_kwargs(spec: RolloutSpec) -> dict[str, Any]:
     return {
         "enable_lora": True,
         "max_lora_rank": spec.lora.rank,
-        "lora_target_modules": "all" if targets == ALL_LINEAR else list(targets),
+        # A list even for "all": SGLang 0.5.16 iterates the value (a bare "all" reads as modules a, l, l).
+        "lora_target_modules": ["all"] if targets == ALL_LINEAR else list(targets),
         # The new adapter is loaded after the old one is unloaded: one at a time.
         "max_loras_per_batch": 1,
     }

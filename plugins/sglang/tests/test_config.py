@@ -68,7 +68,7 @@ def test_every_owned_argument_is_set_by_the_plugin_and_nothing_else_is():
     config = SGLangConfig(chunked_prefill_size=8192, mem_fraction_static=0.4, attention_backend="fa3")
     args = engine_args(spec, config)
     assert set(args) == OWNED_ENGINE_ARGS
-    assert args["enable_lora"] and args["max_lora_rank"] == 16 and args["lora_target_modules"] == "all"
+    assert args["enable_lora"] and args["max_lora_rank"] == 16 and args["lora_target_modules"] == ["all"]
     # Merged weights: no room for adapters; no adapter at all: none either.
     assert "enable_lora" not in engine_args(attrs.evolve(spec, lora_sync="merged"), config)
     assert "enable_lora" not in engine_args(attrs.evolve(spec, lora=None), config)
