@@ -410,7 +410,12 @@ def sync_weights(ctx: StepContext) -> dict[str, float]:
                 if bound is not None:
                     cfg = ctx.config
                     filtered = params.top_p < 1.0 or params.top_k > 0
-                    mistake = shape_mistake(shape, temperature=params.temperature, filtered=filtered)
+                    mistake = shape_mistake(
+                        shape,
+                        value=found["sync/logprob_diff_trimmed"],
+                        temperature=params.temperature,
+                        filtered=filtered,
+                    )
                     check_against_floor(
                         found,
                         *args,
