@@ -37,6 +37,7 @@ TASKS = {
     "tool_sum": ("smollm2-tool-task", "smollm2-tool-task-cpu-", "exact answers, 200 held-out (tool)"),
 }
 HELD_OUT = 200
+MISMATCH_KEYS = ("sync/", "rollout/logprob_diff", "rollout/mismatch")
 Z95 = 1.959964
 
 
@@ -108,6 +109,10 @@ def main(argv: list[str] | None = None) -> int:
         "gain_ci95_points": [100 * x for x in difference_interval(before, after, HELD_OUT)],
         "wall_s": wall,
         "curve": curve,
+        # The rollout/trainer gap each step and at each post-sync check (issue 53).
+        "mismatch": [
+            {k: v for k, v in r.items() if k == "step" or k.startswith(MISMATCH_KEYS)} for r in records
+        ],
         "cpus": os.cpu_count(),
         "hardware": hardware(),
     }
