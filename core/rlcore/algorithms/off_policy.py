@@ -23,6 +23,8 @@ correction    weights
               AReaL's ``behav_imp_weight_cap``; no cap: untruncated
 ``tis``       truncated importance sampling (Yao et al. 2025; verl's ``rollout_is``): ``min(w, cap)``
               with ``w`` per token, or per sequence (``exp(sum log w)``) with ``level: sequence``
+``mask``      no reweighting: weight 1, and 0 for the sequences (``level: sequence``) or tokens whose
+              ``w`` exceeds ``cap`` (TRL's ``vllm_importance_sampling_mode: sequence_mask``, cap 3)
 ============  ====================================================================================
 """
 
@@ -33,7 +35,7 @@ import torch
 from rlcore.algorithms.aggregation import masked_mean
 
 #: The correction options (``algorithm.off_policy``), ``auto`` aside.
-CORRECTIONS = ("none", "behaviour", "decoupled", "tis")
+CORRECTIONS = ("none", "behaviour", "decoupled", "tis", "mask")
 #: ``algorithm.is_level`` options.
 IS_LEVELS = ("token", "sequence")
 
@@ -47,7 +49,8 @@ def importance_weights(
     cap: float | None,
     level: str = "token",
 ) -> tuple[torch.Tensor | None, dict[str, float]]:
-    """``rollout_is_weights [B, R]`` (0 where ``mask`` is 0) for ``correction`` ``decoupled`` or ``tis``,
+    """``rollout_is_weights [B, R]`` (0 where ``mask`` is 0) for ``correction`` ``decoupled``, ``tis`` or
+    ``mask``,
     ``None`` for ``none`` and ``behaviour``; and metrics over the masked tokens:
     ``off_policy/is_weight_mean|max|min`` (before truncation) and ``off_policy/is_clipped_fraction`` (the
     share of tokens, or of sequences at ``level: sequence``, whose weight the cap changed).
@@ -65,7 +68,7 @@ def importance_weights(
         return None, {}
     m = mask.to(torch.float64)
     log_w = (proximal.to(torch.float64) - behaviour.to(torch.float64)) * m
-    if correction == "tis" and level == "sequence":
+    if correction in ("tis", "mask") and level == "sequence":
         # One weight per sequence: the product of its token ratios, broadcast over its tokens.
         log_w = log_w.sum(-1, keepdim=True).expand_as(log_w) * m
     raw = torch.exp(log_w)
@@ -73,6 +76,9 @@ def importance_weights(
         weights, changed = raw, torch.zeros_like(raw, dtype=torch.bool)
     elif correction == "tis":
         weights, changed = raw.clamp(max=cap), raw > cap
+    elif correction == "mask":  # drop what is too far off, reweight nothing else
+        changed = raw > cap
+        weights = (~changed).to(raw.dtype)
     else:  # decoupled: drop the tokens whose behaviour probability is too far below the proximal one
         changed = raw > cap
         weights = torch.where(changed, torch.zeros_like(raw), raw)
@@ -81,7 +87,7 @@ def importance_weights(
     values = raw[valid]
     metrics: dict[str, float] = {}
     if values.numel():
-        if level == "sequence" and correction == "tis":
+        if level == "sequence" and correction in ("tis", "mask"):
             rows = valid.any(-1)
             clipped = float(changed[:, 0][rows].double().mean()) if rows.any() else 0.0
         else:

@@ -286,14 +286,16 @@ class AlgorithmConfig:
     #: ``none``; ``behaviour`` (PPO's ratio centred on the rollout's own log-probs, no old-log-prob pass);
     #: ``decoupled`` (AReaL's decoupled PPO: the ratio centred on the actor's weights before the update,
     #: times ``pi_prox / pi_behav``, tokens above ``is_cap`` dropped); ``tis`` (truncated importance
-    #: sampling, verl's ``rollout_is``: that weight capped at ``is_cap``). ``auto``: ``tis`` when samples can
-    #: be stale (``trainer.mode`` ``one_step_off``, or ``async`` with ``max_staleness`` > 0), else ``none``.
+    #: sampling, verl's ``rollout_is``: that weight capped at ``is_cap``); ``mask`` (no reweighting, the
+    #: tokens or, at ``is_level: sequence``, the sequences whose weight exceeds ``is_cap`` dropped: TRL's
+    #: default ``sequence_mask`` at 3). ``auto``: ``tis`` when samples can be stale (``trainer.mode``
+    #: ``one_step_off``, or ``async`` with ``max_staleness`` > 0), else ``none`` (why: docs/concepts.md).
     off_policy: str = attrs.field(
-        default="auto", validator=_one_of("auto", "none", "behaviour", "decoupled", "tis")
+        default="auto", validator=_one_of("auto", "none", "behaviour", "decoupled", "tis", "mask")
     )
     #: The importance-weight cap of ``tis`` (truncation) and ``decoupled`` (drop); ``None``: no cap.
     is_cap: float | None = 2.0
-    #: ``token``: one importance weight per token; ``sequence``: the product over the response (``tis``).
+    #: ``token``: one importance weight per token; ``sequence``: the product over the response (``tis``, ``mask``).
     is_level: str = attrs.field(default="token", validator=_one_of("token", "sequence"))
 
 

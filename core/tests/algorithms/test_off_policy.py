@@ -38,6 +38,8 @@ def _loop(proximal, behaviour, mask, correction, cap, level):
             changed_tokens.append(changed)
             if correction == "tis":
                 out[i][t] = min(w, cap) if cap is not None else w
+            elif correction == "mask":
+                out[i][t] = 0.0 if changed else 1.0
             else:
                 out[i][t] = 0.0 if changed else w
     clipped = sum(changed_rows) / rows if level == "sequence" else sum(changed_tokens) / len(changed_tokens)
@@ -52,6 +54,8 @@ def _loop(proximal, behaviour, mask, correction, cap, level):
         ("decoupled", 2.0, "token"),
         ("decoupled", None, "token"),
         ("tis", None, "token"),
+        ("mask", 0.5, "sequence"),
+        ("mask", 2.0, "token"),
     ],
 )
 def test_weights_match_a_plain_loop(correction, cap, level):
