@@ -41,11 +41,17 @@ LINES = {
 }
 #: Points drawn over a panel's line when present: panel title -> ((key, label), ...).
 OVERLAYS = {"reward (validation)": (("val/reward_after_sft", "after the SFT warm-up"),)}
-#: A series on a second y-axis (its own scale): panel title -> (key, label); the first present is drawn.
+#: Series on a second y-axis (ratios and shares, near 1 or between 0 and 1, where the k3 KL is near 0):
+#: panel title -> ((key, label), ...); each present is drawn, dashed.
 RIGHT_AXIS = {
-    MISMATCH: (
-        ("rollout/mismatch_ppl_ratio", "PPL ratio trainer / rollout"),
-        ("sync/mismatch_ppl_ratio", "PPL ratio trainer / rollout (post-sync check)"),
+    MISMATCH: tuple(
+        (f"{source}/{key}", f"{label}{what}")
+        for source, what in (("rollout", ""), ("sync", " (post-sync check)"))
+        for key, label in (
+            ("mismatch_ppl_ratio", "PPL ratio trainer / rollout"),
+            ("mismatch_seq_ratio_max", "largest sequence weight"),
+            ("mismatch_seq_over_cap", "share of sequences over 3"),
+        )
     )
 }
 
@@ -92,13 +98,14 @@ def plot_curves(history: Sequence[Mapping[str, Any]], path: str | os.PathLike, t
             if x:
                 ax.plot(x, y, linestyle="none", marker="*", markersize=10, label=label)
         handles, labels = ax.get_legend_handles_labels()
-        right = next((kl for kl in RIGHT_AXIS.get(name, ()) if series(history, kl[0])[0]), None)
-        if right is not None:
+        rights = [kl for kl in RIGHT_AXIS.get(name, ()) if series(history, kl[0])[0]]
+        if rights:
             twin = ax.twinx()
-            x, y = series(history, right[0])
-            (line,) = twin.plot(x, y, color="grey", linestyle="--", marker=_marker(x), markersize=3)
-            twin.set_ylabel(right[1], fontsize=8)
-            handles, labels = [*handles, line], [*labels, right[1]]
+            for key_right, label in rights:
+                x, y = series(history, key_right)
+                (line,) = twin.plot(x, y, linestyle="--", marker=_marker(x), markersize=3)
+                handles, labels = [*handles, line], [*labels, label]
+            twin.set_ylabel("ratio / share", fontsize=8)
         if len(handles) > 1:  # one legend for both y-axes
             ax.legend(handles, labels, fontsize=7)
     if title:
