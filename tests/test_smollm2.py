@@ -248,3 +248,123 @@ def test_the_tool_task_episode_is_laid_out_as_its_worked_example(model_path):
         assert len(ids) <= recipe["data"]["max_prompt_length"]
         a, b = row["extra_info"]["a"], row["extra_info"]["b"]
         assert len(episode(a, b)) <= recipe["rollout"]["max_response_length"]
+
+
+# --- the post-sync check on the real model (issue 53) --------------------------------------------------
+
+
+def _one_step_run(model_path, tmp_path, name, *overrides):
+    """One GRPO step of the addition recipe on SmolLM2 at the post-sync check's defaults, checked at the
+    initial sync and at the trained one; ``run_training``'s result."""
+    from rlcore.config import load_config
+    from rlcore.trainer.run import run_training
+
+    config = load_config(
+        overrides=[
+            "data.train_files=[builtin:addition/train.jsonl]",
+            "data.val_files=[]",  # the recipe's 200 held-out sums: 100 s here, and nothing to check
+            f"model.path={model_path}",
+            f"trainer.output_dir={tmp_path}",
+            f"trainer.experiment_name={name}",
+            "trainer.backend=local",
+            "trainer.total_steps=1",
+            "trainer.val_before_train=false",
+            "trainer.val_freq=0",
+            "trainer.save_freq=0",
+            "trainer.loggers=[jsonl]",
+            "data.train_batch_size=2",
+            "rollout.n=4",
+            "rollout.max_response_length=8",
+            "transport.check_interval=1",
+            # Two prompts' groups often share one reward (no advantage, no update): the entropy term makes
+            # every step move the weights, so the trained sync differs from the initial one.
+            "algorithm.entropy_coeff=0.01",
+            *overrides,
+        ]
+    )
+    assert config.transport.max_logprob_diff == "auto"
+    return run_training(config)
+
+
+def test_a_bf16_rollout_and_a_lora_adapter_train_through_the_check(model_path, tmp_path):
+    """The pair the issue saw stopped (a bf16 rollout against an fp32 trainer, a LoRA adapter merged for
+    the rollout): its floor is bf16's, the trained sync stays under the bound, and the gap has no
+    mistake's shape."""
+    result = _one_step_run(
+        model_path,
+        tmp_path,
+        "bf16-lora",
+        "rollout.engine=hf",
+        "rollout.dtype=bfloat16",
+        "rollout.temperature=0.7",
+        "actor.lora.rank=8",
+        "actor.lora.alpha=16",
+        "actor.optim.lr=2e-4",
+    )
+    assert result.ok, result.error
+    checked = [r for r in result.history if "sync/bound" in r]
+    for r in checked:  # the numbers of docs/concepts.md's table
+        print({k: round(v, 4) for k, v in r.items() if k.startswith("sync/")})
+    assert len(checked) == 2  # the initial sync and the trained one
+    for record in checked:
+        assert record["sync/probe_tokens"] >= 64
+        assert 0.005 < record["sync/floor"] < 0.1  # bf16 noise: 0.025-0.033 on 256 tokens (CPU)
+        assert record["sync/logprob_diff_trimmed"] <= record["sync/bound"]
+        assert 0.3 < record["sync/gap_above_share"] < 0.7 and abs(record["sync/gap_slope"]) < 0.05
+
+
+@pytest.fixture
+def wrong_engine(request):
+    """A rollout with a log-prob mistake, registered as a third party's plugin would be."""
+    from rlcore.plugins import registry
+    from rlcore.testing import wrong_engines
+
+    rollouts = registry("rollout_engines")
+    rollouts.register(
+        "wrong", getattr(wrong_engines, request.param), plugin="rlcore-wrong", config=HFRolloutConfig
+    )
+    yield request.param
+    rollouts.remove_plugin("rlcore-wrong")
+
+
+@pytest.mark.parametrize(
+    ("wrong_engine", "says"),
+    [
+        ("ArgmaxHF", "the most likely token (argmax)"),
+        (
+            "NoTemperatureHF",
+            "ignores the temperature in its log-probs (log_softmax(z) instead of log_softmax(z / 0.7))",
+        ),
+    ],
+    indirect=["wrong_engine"],
+)
+def test_a_bf16_wrong_engine_stops_at_the_initial_sync_under_the_bf16_cap(
+    model_path, tmp_path, wrong_engine, says
+):
+    """In bf16 at T=0.7 these gaps (0.17-0.63) are under the bf16 cap 0.3 or near it; their shape
+    stops them."""
+    result = _one_step_run(
+        model_path,
+        tmp_path,
+        wrong_engine,
+        "rollout.engine=wrong",
+        "rollout.dtype=bfloat16",
+        "rollout.temperature=0.7",
+    )
+    assert not result.ok and result.steps == 0
+    assert "rollout 'wrong' (plugin 'rlcore-wrong') and train engine 'fsdp'" in result.error
+    assert says in result.error
+
+
+def test_a_planted_broken_sync_of_one_smollm2_layer_stops_at_the_trained_sync(
+    model_path, tmp_path, monkeypatch
+):
+    """From the second load on the rollout keeps layer 1's initial weights (one of 30)."""
+    from rlcore.testing.faults import SKIP_WEIGHTS_ENV
+
+    monkeypatch.setenv(SKIP_WEIGHTS_ENV, "model.layers.1.:2")
+    result = _one_step_run(model_path, tmp_path, "broken", "rollout.engine=hf", "actor.optim.lr=2e-3")
+    assert not result.ok, "the initial sync passed, the trained one must not"
+    print(result.error.splitlines()[0])
+    assert "training stopped at step 1 in phase 'sync_weights': WeightSyncMismatch" in result.error
+    assert "(floor " in result.error and "part of the weight stream was not applied" in result.error
