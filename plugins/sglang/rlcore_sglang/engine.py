@@ -31,7 +31,7 @@ from collections.abc import Iterable, Iterator, Sequence
 from typing import Any
 
 import torch
-from rlcore.adapters import is_adapter_name
+from rlcore.adapters import split_stream
 from rlcore.api import (
     Completion,
     DevicePlatform,
@@ -250,12 +250,11 @@ class SGLangRollout(RolloutEngine):
         stays usable). The radix cache is flushed afterwards either way (``flush_cache_after_load``).
         """
         self.memory.check_load()
-        buckets = iter(buckets)
-        first = next(buckets, None)
-        if first is None:
+        split = split_stream(buckets)
+        if split is None:
             return
-        buckets = itertools.chain([first], buckets)
-        if first and is_adapter_name(first[0][0]):
+        buckets, is_adapter = split
+        if is_adapter:
             self._load_adapter(buckets)
             return
         stream = pack(

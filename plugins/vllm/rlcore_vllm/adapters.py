@@ -17,7 +17,7 @@ from pathlib import Path
 from typing import Any
 
 import torch
-from rlcore.adapters import is_adapter_name, write_peft_adapter
+from rlcore.adapters import adapter_tensors, write_peft_adapter
 from rlcore.api import RolloutSpec
 
 #: vLLM's accepted ``max_lora_rank`` values (``vllm.config.lora.MaxLoRARanks``).
@@ -72,13 +72,7 @@ class AdapterSlot:
         previous one; returns its ``LoRARequest``. Call with the engine parked (no step running)."""
         from vllm.lora.request import LoRARequest
 
-        named = dict(tensors)
-        stray = [name for name in named if not is_adapter_name(name)]
-        if stray:
-            raise ValueError(
-                f"vllm rollout: an adapter stream holds non-adapter tensors {stray[:3]}; a sync sends either "
-                "the adapter or the full weights"
-            )
+        named = adapter_tensors(tensors, "vllm")
         self._version += 1
         folder = self._root / f"v{self._version}"
         write_peft_adapter(folder, named, self.spec.lora, self.spec.model_path)

@@ -22,7 +22,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import itertools
 import logging
 import os
 from collections.abc import Iterable, Iterator, Sequence
@@ -30,7 +29,7 @@ from concurrent.futures import Future
 from typing import Any
 
 import torch
-from rlcore.adapters import is_adapter_name
+from rlcore.adapters import split_stream
 from rlcore.api import (
     ROLLOUT_TAGS,
     Completion,
@@ -257,12 +256,11 @@ class VLLMRollout(RolloutEngine):
             raise RuntimeError(
                 "vllm rollout: weights are released; call resume(['weights']) before load_weights"
             )
-        buckets = iter(buckets)
-        first = next(buckets, None)
-        if first is None:
+        split = split_stream(buckets)
+        if split is None:
             return
-        buckets = itertools.chain([first], buckets)
-        if first and is_adapter_name(first[0][0]):
+        buckets, is_adapter = split
+        if is_adapter:
             self._load_adapter(buckets)
             return
         stream = StreamFilter(self.weights, buckets, self.dtype)
