@@ -17,13 +17,13 @@ PLOT_FILE = "curves.png"
 GAP = "rollout vs trainer |log-prob difference|"
 MISMATCH = "rollout vs trainer: KL(rollout || trainer), k3"
 #: One panel per entry: title, and the metric keys it draws (the first key present in the history is
-#: used; KL is to the reference policy, as a loss term or a reward penalty, or without a reference
-#: model the old-to-new policy KL of the updates). The mismatch panels take the batch's numbers, which
+#: used; KL is to the distillation teacher in an on-policy distillation run, else to the reference policy,
+#: as a loss term or a reward penalty, or without a reference model the old-to-new policy KL of the updates). The mismatch panels take the batch's numbers, which
 #: every step records (:mod:`rlcore.algorithms.mismatch`), else the post-sync check's.
 PANELS = (
     ("reward (train)", ("reward/mean",)),
     ("reward (validation)", ("val/reward",)),
-    ("KL", ("actor/kl_loss", "actor/reward_kl_penalty", "actor/ppo_kl")),
+    ("KL", ("distill/reverse_kl", "actor/kl_loss", "actor/reward_kl_penalty", "actor/ppo_kl")),
     ("response length", ("response_length/mean",)),
     (GAP, ("rollout/logprob_diff_mean", "sync/logprob_diff_mean")),
     (MISMATCH, ("rollout/mismatch_k3_kl", "sync/mismatch_k3_kl")),
