@@ -262,6 +262,33 @@ def test_check_run_refuses_lora_on_an_engine_without_adapters():
         load_config(overrides=["actor.lora.rank=8", "actor.lora.target_modules=[]"])
 
 
+def test_check_run_checks_the_distillation_teacher(tmp_path, tiny_model_path):
+    import json
+
+    from rlcore.trainer.preflight import check_run
+
+    opd = ["algorithm.name=opd"]
+    check_run(load_config(overrides=[*opd, f"teacher.model_path={tiny_model_path}"]))
+    check_run(load_config(overrides=[*opd, "teacher.model_path=builtin:tiny"]))  # built when the run starts
+    with pytest.raises(
+        ConfigError, match=r"'teacher\.model_path': algorithm\.name=opd distils from a teacher"
+    ):
+        check_run(load_config(overrides=opd))
+    with pytest.raises(ConfigError, match=r"'teacher\.model_path': .*no-teacher' does not exist"):
+        check_run(load_config(overrides=[*opd, f"teacher.model_path={tmp_path / 'no-teacher'}"]))
+    classifier = tmp_path / "rm"
+    classifier.mkdir()
+    (classifier / "config.json").write_text(json.dumps({"architectures": ["Qwen2ForSequenceClassification"]}))
+    with pytest.raises(ConfigError, match=r"holds Qwen2ForSequenceClassification, not a \.\.\.ForCausalLM"):
+        check_run(load_config(overrides=[*opd, f"teacher.model_path={classifier}"]))
+    with pytest.raises(
+        ConfigError, match=r"'teacher\.model_path': set to .*algorithm\.name=grpo uses no teacher"
+    ):
+        check_run(load_config(overrides=[f"teacher.model_path={tiny_model_path}"]))
+    with pytest.raises(ConfigError, match=r"teacher\.world_size.*>= 1"):
+        load_config(overrides=[*opd, "teacher.world_size=0"])
+
+
 def test_check_run_names_every_problem_it_finds(tmp_path):
     from rlcore.trainer.preflight import check_run
 
