@@ -89,10 +89,11 @@ def test_role_sizes_from_config():
     config = RLConfig()
     config.actor.world_size, config.critic.world_size = 4, 2
     config.rollout.num_engines, config.rollout.tensor_parallel_size = 3, 2
-    sizes = role_sizes_from_config(config, ["actor", "reference", "critic", "rollout"])
-    assert sizes == {"actor": 4, "reference": 4, "critic": 2, "rollout": 6}
+    config.teacher.world_size = 3
+    sizes = role_sizes_from_config(config, ["actor", "reference", "critic", "rollout", "teacher"])
+    assert sizes == {"actor": 4, "reference": 4, "critic": 2, "rollout": 6, "teacher": 3}
     with pytest.raises(ValueError, match="unknown role"):
-        role_sizes_from_config(config, ["teacher"])
+        role_sizes_from_config(config, ["judge"])
 
 
 @pytest.fixture(scope="module")
