@@ -107,7 +107,7 @@ def test_the_opd_loss_and_its_gradient_match_ppo_on_the_distillation_advantage()
     want_loss, want_grad, clipped = 0.0, torch.zeros_like(old), 0
     for i, t in valid:
         a = float(teacher[i, t]) - float(student[i, t])
-        r = math.exp(float(log_prob[i, t]) - float(old[i, t]))
+        r = math.exp(float(log_prob.detach()[i, t]) - float(old[i, t]))
         unclipped, clip = -a * r, -a * min(max(r, 0.8), 1.2)
         term, active = (unclipped, True) if unclipped >= clip else (clip, False)
         if a < 0 and -a * 3.0 < term:
