@@ -6,7 +6,10 @@ exactly as a user's ``pip install rlcore-<name>`` would be.
 
 - ``rlcore-test-echo`` (entry point ``echo``): registers the ``echo`` train engine.
 - ``rlcore-test-boom`` (``boom``): its entry-point module raises on import.
-- ``rlcore-test-future`` (``future``): declares ``RLCORE_PLUGIN_API = 99``.
+- ``rlcore-test-future`` (``future``): declares ``RLCORE_PLUGIN_API = ">=2.0,<3"``, a newer API.
+
+echo and boom declare ``">=1.0,<2"``; echo's requirements hold (one extra's package is absent), boom's
+own ``rlcore-test-libboom>=1.0`` is not installed.
 """
 
 from __future__ import annotations
@@ -63,11 +66,16 @@ def plugins_json(site: Path, **env: str) -> dict[str, dict]:
     proc = run(site, str(RLCORE), "plugins", "--json", **env)
     listing = json.loads(proc.stdout)
     assert isinstance(listing, list)
-    # Exit 1 exactly when a plugin failed to load (blocked and not-selected ones are not failures).
-    failed = any(info["status"] == "failed" for info in listing)
+    # Exit 1 exactly when a plugin failed to load or its own requirements do not hold (blocked and
+    # not-selected ones are not failures).
+    failed = any(
+        info["status"] == "failed" or (info["status"] == "loaded" and info["requirements_ok"] is False)
+        for info in listing
+    )
     assert proc.returncode == (1 if failed else 0), proc.stderr
     for info in listing:
         missing = {"name", "version", "distribution", "status", "error", "registers"} - set(info)
+        missing |= {"api_range", "requirements", "requirements_ok"} - set(info)
         assert not missing, f"plugin entry {info.get('name')} lacks {missing}"
     return {info["name"]: info for info in listing}
 
@@ -85,10 +93,13 @@ def test_plugins_json_reports_each_plugin(site):
     assert "rlcore_test_boom/plugin.py" in boom["error"]
 
     future = plugins["future"]
-    assert future["status"] == "failed"
-    assert (
-        "plugin 'future' (rlcore-test-future, module rlcore_test_future.plugin) targets rlcore plugin API 99, "
-        "but rlcore 0.1.0 provides API 1" in future["error"]
+    assert future["status"] == "failed" and future["registers"] == {} and future["api_range"] is None
+    assert future["error"] == (
+        "IncompatiblePlugin: plugin 'future' (rlcore-test-future 0.0.1, module rlcore_test_future.plugin) "
+        "supports rlcore plugin API >=2.0,<3, but rlcore 0.1.0 provides API 1.0, so it was not loaded. "
+        "The plugin is newer than this rlcore: upgrade rlcore to one that provides an API in >=2.0,<3 "
+        f"(`{sys.executable} -m pip install -U rlcore`), or install a release of rlcore-test-future that "
+        "supports API 1.0."
     )
 
     # the others still load: core's own engine plugins and the built-ins
@@ -98,21 +109,82 @@ def test_plugins_json_reports_each_plugin(site):
     assert plugins["rlcore.testing.plugin"]["builtin"] is True
 
 
+def test_plugins_json_reports_api_range_and_requirements(site):
+    plugins = plugins_json(site)
+    echo = plugins["echo"]
+    assert echo["api_range"] == ">=1.0,<2" and echo["requirements_ok"] is True
+    reqs = {r["requirement"]: r for r in echo["requirements"]}
+    assert set(reqs) == {"rlcore>=0.1", "packaging>=20", "rlcore-test-absent>=1"}
+    assert reqs["rlcore>=0.1"] == {
+        "requirement": "rlcore>=0.1",
+        "extra": None,
+        "installed": "0.1.0",
+        "ok": True,
+    }
+    assert reqs["packaging>=20"]["ok"] and reqs["packaging>=20"]["installed"]
+    # an extra's package that is absent is shown, and does not make the plugin's requirements fail
+    assert reqs["rlcore-test-absent>=1"] == {
+        "requirement": "rlcore-test-absent>=1",
+        "extra": "fancy",
+        "installed": None,
+        "ok": False,
+    }
+
+    boom = plugins["boom"]
+    assert boom["requirements_ok"] is False
+    assert {"requirement": "rlcore-test-libboom>=1.0", "extra": None, "installed": None, "ok": False} in boom[
+        "requirements"
+    ]
+    # the in-tree plugins declare their range, and their requirements hold in this environment
+    assert plugins["fsdp"]["api_range"] == ">=1.0,<2" and plugins["fsdp"]["requirements_ok"] is True
+    assert any(r["requirement"].startswith("torch") and r["ok"] for r in plugins["fsdp"]["requirements"])
+
+
 def test_plugins_table_shows_the_failure(site):
     proc = run(site, str(RLCORE), "plugins", COLUMNS="200")
     assert proc.returncode == 1, proc.stderr  # a plugin failed to load
     assert "rlcore-test-echo" in proc.stdout and BOOM in proc.stdout
+    lines = proc.stdout.splitlines()
+    block = lines[lines.index("echo (rlcore-test-echo 0.0.1): loaded") :][:5]
+    assert block[1].split() == ["train", "engines", "echo"]
+    assert block[2].split() == ["api", ">=1.0,<2", "(rlcore", "provides", "1.0)"]
+    assert block[3].startswith("  requires ") and "rlcore>=0.1 (0.1.0), packaging>=20 (" in block[3]
+    assert block[4].split() == ["extra", "fancy", "rlcore-test-absent>=1", "(not", "installed)"]
+    start = lines.index("boom (rlcore-test-boom 0.0.1): failed, 1 requirement not met")
+    boom = "\n".join(lines[start : start + 3])
+    assert "rlcore-test-libboom>=1.0 (NOT MET: not installed)" in boom
+    assert f"to fix                 {sys.executable} -m pip install 'rlcore-test-libboom>=1.0'" in boom
+    assert "future (rlcore-test-future 0.0.1): failed" in lines
+    assert "  ! IncompatiblePlugin: plugin 'future' (rlcore-test-future 0.0.1, module" in proc.stdout
+
+
+def test_a_refused_plugins_engine_quotes_the_refusal(site):
+    proc = run(site, str(RLCORE), "train", "--engine", "future")
+    assert proc.returncode == 2, proc.stderr
+    assert "unknown train engine 'future'" in proc.stderr
+    assert "Plugin 'future' is installed but failed to load, which is why" in proc.stderr
+    assert "supports rlcore plugin API >=2.0,<3, but rlcore 0.1.0 provides API 1.0" in proc.stderr
+    assert "Traceback (most recent call last)" not in proc.stderr
+
+
+def test_plugins_exits_zero_when_every_loaded_plugin_holds(site):
+    # boom and future kept out on purpose: nothing failed, every requirement of what loaded holds
+    proc = run(site, str(RLCORE), "plugins", RLCORE_BLOCK_PLUGINS="boom,future")
+    assert proc.returncode == 0, proc.stdout[-3000:]
+    assert "NOT MET" not in proc.stdout
 
 
 def test_wrapped_error_lines_keep_their_marker(site):
     proc = run(site, str(RLCORE), "plugins", COLUMNS="50")
     lines = proc.stdout.splitlines()
     start = next(i for i, line in enumerate(lines) if line.startswith("boom "))
-    error = []
+    block = []
     for line in lines[start + 1 :]:
         if not line.startswith("  "):
             break
-        error.append(line)
+        block.append(line)
+    # the error comes last in the block, after the api/requires/to fix fields
+    error = block[next(i for i, line in enumerate(block) if line.startswith("  ! ")) :]
     assert len(error) > 3 and all(line.startswith("  ! ") for line in error), "\n".join(error)
     assert "libboom.so" in "".join(line[4:] for line in error)
 
@@ -125,7 +197,8 @@ def test_a_blocked_plugins_engine_is_called_blocked_not_missing(site):
         "Plugin 'echo' (distribution 'rlcore-test-echo') is installed but not loaded: blocked by "
         "RLCORE_BLOCK_PLUGINS='echo'" in proc.stderr
     )
-    assert "pip install" not in proc.stderr
+    # no install hint for echo (the only "pip install" quoted is future's refusal, listed as a failure)
+    assert "pip install rlcore-echo" not in proc.stderr and "rlcore-test-echo`" not in proc.stderr
 
 
 def test_block_plugins(site):

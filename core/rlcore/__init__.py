@@ -7,11 +7,14 @@ import pluggy
 
 __version__ = "0.1.0"
 
-#: Version of the plugin API. A plugin declares the version it targets as the module attribute
-#: ``RLCORE_PLUGIN_API`` of its entry-point module; a different major version is refused at load time.
-PLUGIN_API_VERSION = 1
+from rlcore.api import API_VERSION
+
+#: The major of :data:`rlcore.api.API_VERSION`. A plugin declares the range of API versions it supports
+#: as ``RLCORE_PLUGIN_API`` in its entry-point module (``">=1.0,<2"``; the integer ``1`` means the same);
+#: a plugin whose range excludes this rlcore's API is refused at load time.
+PLUGIN_API_VERSION = int(API_VERSION.split(".")[0])
 
 #: Marker for hook implementations: ``@rlcore.hookimpl def register_train_engines(register): ...``
 hookimpl = pluggy.HookimplMarker("rlcore")
 
-__all__ = ["PLUGIN_API_VERSION", "__version__", "hookimpl"]
+__all__ = ["API_VERSION", "PLUGIN_API_VERSION", "__version__", "hookimpl"]

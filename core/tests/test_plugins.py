@@ -101,12 +101,14 @@ def test_import_failure_is_reported_and_others_load(install):
 @pytest.mark.parametrize(
     ("api", "expected"),
     [
-        (None, "does not declare RLCORE_PLUGIN_API. Add `RLCORE_PLUGIN_API = 1`"),
+        (None, "does not declare RLCORE_PLUGIN_API, the range of rlcore plugin API versions it supports"),
         (
             99,
-            "targets rlcore plugin API 99, but rlcore 0.1.0 provides API 1. Install a version of rlcore-old",
+            "supports rlcore plugin API >=99.0,<100, but rlcore 0.1.0 provides API 1.0, so it was not loaded",
         ),
-        ("1", "sets RLCORE_PLUGIN_API = '1'; it must be an integer"),
+        (">=0.1,<1", "The plugin was built for an older API: upgrade it (`" + sys.executable + " -m pip"),
+        ("1", "sets RLCORE_PLUGIN_API = '1', which is not a version range; write one such as"),
+        (1.5, "sets RLCORE_PLUGIN_API = 1.5; it must be a version range"),
     ],
 )
 def test_plugin_api_version_is_checked(install, api, expected):

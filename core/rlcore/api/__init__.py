@@ -6,6 +6,12 @@ does, does not import torch: loading plugins stays cheap in every process.
 
 import importlib
 
+#: The version of this interface: ``major.minor``. The minor grows when names or optional members are
+#: added (a plugin built for 1.0 works with 1.3); the major grows when something a plugin relies on
+#: changes or goes. A plugin declares the range it supports as ``RLCORE_PLUGIN_API`` in its entry-point
+#: module (docs/plugins.md, "Compatibility"), and a plugin whose range excludes this version is refused.
+API_VERSION = "1.0"
+
 _EXPORTS = {
     "Algorithm": "rlcore.api.algorithm",
     "Batch": "rlcore.api.batch",
@@ -31,7 +37,7 @@ _EXPORTS = {
     "place_sequence_scores": "rlcore.api.reward",
 }
 
-__all__ = sorted(_EXPORTS)
+__all__ = sorted([*_EXPORTS, "API_VERSION"])
 
 
 def __getattr__(name: str):

@@ -13,7 +13,7 @@ from typing import Any
 import attrs
 
 from rlcore.config import ConfigError
-from rlcore.plugins import PluginError, get_plugin_manager
+from rlcore.plugins import NO_DEVICE, PluginError, get_plugin_manager
 from rlcore.plugins.registries import RegistryError
 
 
@@ -55,18 +55,30 @@ def cmd_train(args: Any) -> int:
 
 
 def cmd_plugins(args: Any) -> int:
-    """Exit 1 when a plugin failed to load (scripts and CI can rely on it); blocked, not selected and
-    "no device" plugins are choices or facts of the machine, not failures."""
-    infos = list(get_plugin_manager().plugins.values())
+    """Exit 1 when a plugin failed to load (refused for its API range included) or a loaded plugin's own
+    requirement does not hold (scripts and CI can rely on it); blocked, not selected and "no device"
+    plugins are choices or facts of the machine, not failures, and an extra's absent package is optional."""
+    from rlcore.plugins import check_requirements
+
+    infos = check_requirements(list(get_plugin_manager().plugins.values()))
     if args.json:
-        print(json.dumps([attrs.asdict(info) for info in infos], indent=2))
+        print(
+            json.dumps(
+                [{**attrs.asdict(info), "requirements_ok": info.requirements_ok} for info in infos], indent=2
+            )
+        )
     else:
         import shutil
 
         from rlcore.cli.listing import format_plugins
 
         print(format_plugins(infos, width=shutil.get_terminal_size().columns))
-    return 1 if any(info.status == "failed" for info in infos) else 0
+    broken = [
+        info
+        for info in infos
+        if info.status == "failed" or (info.status in ("loaded", NO_DEVICE) and info.requirements_ok is False)
+    ]
+    return 1 if broken else 0
 
 
 def cmd_config(args: Any) -> int:

@@ -7,9 +7,12 @@ Environment variables control autoloading of entry-point plugins (built-ins alwa
 ``RLCORE_BLOCK_PLUGINS=a,b``
     never load these.
 
-A plugin that fails to import, declares another plugin API version, or raises inside a hook is recorded
-with its real exception and the others still load; a lookup that misses quotes those failures. Every
-process (the driver and each Ray worker) loads plugins on first use of :func:`registry`.
+A plugin declares the range of core API versions (:data:`rlcore.api.API_VERSION`) it supports as
+``RLCORE_PLUGIN_API`` in its entry-point module (:mod:`rlcore.plugins.compat`); one whose range excludes
+this rlcore's API is refused before its hooks run, with a message naming the plugin, both versions and
+what to install. A plugin that fails to import, is refused, or raises inside a hook is recorded with its
+real exception and the others still load; a lookup that misses quotes those failures. Every process (the
+driver and each Ray worker) loads plugins on first use of :func:`registry`.
 
 A plugin that loads but cannot work on this machine (its engine library is absent, say) may define
 ``plugin_status() -> str | None`` in its entry-point module: ``None`` when ready, else one line saying
@@ -32,7 +35,8 @@ from typing import Any
 import attrs
 import pluggy
 
-from rlcore import PLUGIN_API_VERSION, __version__, hookspecs
+from rlcore import __version__, hookspecs
+from rlcore.plugins import compat
 from rlcore.plugins.registries import Registry
 
 ENTRY_POINT_GROUP = "rlcore"
@@ -86,6 +90,18 @@ class PluginInfo:
     note: str | None = None
     #: registry key -> names this plugin registered
     registers: dict[str, list[str]] = attrs.field(factory=dict)
+    #: The core API range it declares (``">=1.0,<2"``); ``None`` for built-ins and undeclared ones.
+    api_range: str | None = None
+    #: Its distribution's requirements and whether they hold (:func:`check_requirements`; ``None``: not
+    #: checked yet, which loading alone never does: Ray workers need not pay for it).
+    requirements: list[compat.RequirementStatus] | None = None
+
+    @property
+    def requirements_ok(self) -> bool | None:
+        """Whether every plain (not extra) requirement holds; ``None`` if not checked."""
+        if self.requirements is None:
+            return None
+        return all(r.ok for r in self.requirements if r.extra is None)
 
 
 #: Status of a loaded device plugin whose hardware this machine lacks (see the module docstring).
@@ -148,8 +164,7 @@ class PluginManager:
                     registry.skipped_plugins[ep.name] = (dist, info.error)
                 continue
             try:
-                module = ep.load()
-                _check_api_version(ep.name, dist, module)
+                module = _load_module(ep, info)
                 self.pm.register(module, name=ep.name)
                 # Checked per plugin (pluggy's check_pending is global): a misspelt hook name such as
                 # ``register_train_engine`` fails this plugin only, and the others still load.
@@ -164,7 +179,14 @@ class PluginManager:
     def _fail(self, info: PluginInfo, exc: BaseException) -> None:
         """Record ``exc`` for ``info`` and take back everything the plugin registered."""
         info.status = "failed"
-        info.error = "".join(traceback.format_exception(exc)).rstrip()
+        if isinstance(exc, compat.IncompatiblePlugin):
+            # The refusal is the news; an import failure it explains follows it, traceback and all.
+            info.error = f"{type(exc).__name__}: {exc}"
+            if exc.__cause__ is not None:
+                cause = "".join(traceback.format_exception(exc.__cause__)).rstrip()
+                info.error += f"\nIts import failed too, probably for that reason:\n{cause}"
+        else:
+            info.error = "".join(traceback.format_exception(exc)).rstrip()
         info.registers = {}
         if self.pm.has_plugin(info.name):
             self.pm.unregister(name=info.name)
@@ -199,7 +221,7 @@ def _one_line(exc: BaseException) -> str:
     """``Type: message`` plus where a plugin's own code raised it (what a lookup miss quotes)."""
     text = " ".join(traceback.format_exception_only(exc)).strip().replace("\n", " ")
     frames = traceback.extract_tb(exc.__traceback__)
-    if frames and not isinstance(exc, PluginError):
+    if frames and not isinstance(exc, (PluginError, compat.IncompatiblePlugin)):
         text += f" ({frames[-1].filename}, line {frames[-1].lineno})"
     return text
 
@@ -232,25 +254,42 @@ def _check_hook_names(pm: pluggy.PluginManager, name: str, dist: str | None) -> 
         )
 
 
-def _check_api_version(name: str, dist: str | None, module: Any) -> None:
-    declared = getattr(module, "RLCORE_PLUGIN_API", None)
-    where = f"plugin {name!r} ({dist or 'unknown distribution'}, module {module.__name__})"
-    if declared is None:
-        raise PluginError(
-            f"{where} does not declare RLCORE_PLUGIN_API. Add `RLCORE_PLUGIN_API = {PLUGIN_API_VERSION}` "
-            f"to {module.__name__} once it works with rlcore {__version__}."
-        )
-    if not isinstance(declared, int) or isinstance(declared, bool):
-        raise PluginError(
-            f"{where} sets RLCORE_PLUGIN_API = {declared!r}; it must be an integer "
-            f"(this rlcore provides API {PLUGIN_API_VERSION})."
-        )
-    if declared != PLUGIN_API_VERSION:
-        raise PluginError(
-            f"{where} targets rlcore plugin API {declared}, but rlcore {__version__} provides API "
-            f"{PLUGIN_API_VERSION}. Install a version of {dist or name} built for plugin API "
-            f"{PLUGIN_API_VERSION}, or an rlcore that provides API {declared}."
-        )
+def _load_module(ep: Any, info: PluginInfo) -> Any:
+    """Import ``ep``'s module and check its declared API range (:func:`compat.check_api_range`).
+
+    When the import itself fails, the range written in the module's source is still read: a plugin built
+    for another API usually fails on an import of a name that API lacks, and the refusal then comes
+    first, with the traceback under it."""
+    try:
+        module = ep.load()
+    except Exception as exc:
+        declared = compat.declared_in_source(ep.value.split(":")[0])
+        if declared is not None:
+            try:
+                compat.check_api_range(info.name, info.distribution, info.version, declared, ep.value)
+            except compat.IncompatiblePlugin as refusal:
+                raise refusal from exc
+        raise
+    info.api_range = compat.check_api_range(
+        info.name,
+        info.distribution,
+        info.version,
+        getattr(module, compat.API_ATTRIBUTE, None),
+        module.__name__,
+    )
+    return module
+
+
+def check_requirements(infos: list[PluginInfo] | None = None) -> list[PluginInfo]:
+    """Fill each entry-point plugin's :attr:`PluginInfo.requirements` from its distribution's metadata
+    (all of the manager's plugins by default; not the blocked or not selected ones); return the infos."""
+    infos = list(get_plugin_manager().plugins.values()) if infos is None else infos
+    for info in infos:
+        # Blocked and not-selected plugins are out on purpose: what they would need is beside the point.
+        kept_out = info.status in ("blocked", "not selected")
+        if not info.builtin and not kept_out and info.distribution and info.requirements is None:
+            info.requirements = compat.requirement_status(info.distribution)
+    return infos
 
 
 _manager: PluginManager | None = None

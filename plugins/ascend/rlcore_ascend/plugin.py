@@ -4,7 +4,7 @@ transport. Cheap to import: neither torch nor torch_npu (which loads the CANN ru
 from rlcore import hookimpl
 from rlcore.transports.config import TransportConfig
 
-RLCORE_PLUGIN_API = 1
+RLCORE_PLUGIN_API = ">=1.0,<2"  # the rlcore plugin API versions this plugin works with
 
 
 @hookimpl

@@ -4,7 +4,7 @@ from rlcore import hookimpl
 
 from rlcore_megatron.config import MegatronConfig
 
-RLCORE_PLUGIN_API = 1
+RLCORE_PLUGIN_API = ">=1.0,<2"  # the rlcore plugin API versions this plugin works with
 
 
 @hookimpl

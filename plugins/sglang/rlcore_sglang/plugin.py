@@ -8,7 +8,7 @@ from rlcore.transports.config import TransportConfig
 
 from rlcore_sglang.config import SGLangConfig
 
-RLCORE_PLUGIN_API = 1
+RLCORE_PLUGIN_API = ">=1.0,<2"  # the rlcore plugin API versions this plugin works with
 
 #: What ``rlcore plugins`` and building the engine say where SGLang is missing.
 INSTALL_HINT = (

@@ -2,7 +2,7 @@
 
 from rlcore import hookimpl
 
-RLCORE_PLUGIN_API = 1
+RLCORE_PLUGIN_API = ">=1.0,<2"  # the rlcore plugin API versions this plugin works with
 
 raise RuntimeError("rlcore-test-boom is broken on purpose: libboom.so not found")
 

@@ -3,7 +3,7 @@
 from rlcore import hookimpl
 from rlcore.testing.fake_config import FakeTrainConfig
 
-RLCORE_PLUGIN_API = 1
+RLCORE_PLUGIN_API = ">=1.0,<2"  # the rlcore plugin API versions this plugin works with
 
 
 @hookimpl

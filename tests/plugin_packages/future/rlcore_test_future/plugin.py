@@ -1,8 +1,8 @@
-"""Entry point declaring a plugin API this rlcore does not provide."""
+"""Entry point declaring a range of plugin API versions this rlcore does not provide (a newer one)."""
 
 from rlcore import hookimpl
 
-RLCORE_PLUGIN_API = 99
+RLCORE_PLUGIN_API = ">=2.0,<3"
 
 
 @hookimpl
