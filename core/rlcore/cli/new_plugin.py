@@ -96,7 +96,8 @@ def _rlcore_requirements() -> dict[str, str]:
 
 def template_values(name: str, kind: str) -> dict[str, str]:
     """What the templates' ``{{key}}`` placeholders stand for, for plugin ``name`` of ``kind``."""
-    from rlcore import PLUGIN_API_VERSION, __version__
+    from rlcore import __version__
+    from rlcore.plugins.compat import DEFAULT_RANGE
 
     snake = name.replace("-", "_")
     ranges = _rlcore_requirements()
@@ -114,7 +115,8 @@ def template_values(name: str, kind: str) -> dict[str, str]:
         "a_what": ("an " if KINDS[kind][2][0] in "aeiou" else "a ") + KINDS[kind][2],
         "hook": KINDS[kind][1],
         "registry": KINDS[kind][0],
-        "api": str(PLUGIN_API_VERSION),
+        # Every minor of this API's major: what the in-tree plugins declare (rlcore.plugins.compat).
+        "api": f'"{DEFAULT_RANGE}"',
         "rlcore_version": __version__,
         "dependencies": ", ".join(f'"{d}"' for d in dependencies),
     }
@@ -215,6 +217,7 @@ def cmd_new_plugin(args: Any) -> int:
     for path in sorted(p for p in target.rglob("*") if p.is_file()):
         print(f"  {path.relative_to(target)}", file=out)
     print("next:", file=out)
-    print(f"  pip install -e {target}", file=out)
-    print(f"  cd {target} && pytest", file=out)
+    # The interpreter running rlcore, by path: a bare `pip`/`pytest` may belong to another Python.
+    print(f"  {sys.executable} -m pip install -e {target}", file=out)
+    print(f"  cd {target} && {sys.executable} -m pytest", file=out)
     return 0
