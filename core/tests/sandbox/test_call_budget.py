@@ -10,16 +10,20 @@ and the next call must work. What enforces each limit is in ``docs/security.md``
 
 from __future__ import annotations
 
+import attrs
 import pytest
 from rlcore.sandbox import SandboxLimits
 
 LIMITS = SandboxLimits(
     wall_s=20, cpu_s=1.0, memory_mib=256, max_processes=8, max_scratch_bytes=96 * 2**20, max_scratch_files=300
 )
+#: The memory cases' limits: touching a few hundred MiB across processes took more than 1 CPU-second on a
+#: loaded 2-core box (the call then ended ``timeout`` before the memory limit was reached).
+MEMORY_LIMITS = attrs.evolve(LIMITS, cpu_s=15.0)
 
 
 def run(sandbox, code: str, **kw):
-    """One call, then the check every case ends with: the next call works."""
+    """One call (``kw``: ``run_sync``'s), then the check every case ends with: the next call works."""
     result = sandbox.run_sync(code, **kw)
     after = sandbox.run_sync("import sys\nprint(sum(map(int, sys.stdin.read().split())))", stdin="20 22")
     assert (after.status, after.stdout) == ("ok", "42\n"), ("the call after", after)
@@ -57,7 +61,7 @@ def test_three_children_hold_more_than_the_limit_together(fallback_sandbox):
         "for pid in pids:\n    os.waitpid(pid, 0)\n"
         "print('all three held 120 MiB')\n"
     )
-    result = run(fallback_sandbox, code)
+    result = run(fallback_sandbox, code, limits=MEMORY_LIMITS)
     over_memory(result)
     assert result.stdout == ""
 
@@ -75,7 +79,7 @@ def test_threads_and_a_child_share_the_budget(fallback_sandbox):
         "    time.sleep(30)\n    os._exit(0)\n"
         "os.waitpid(pid, 0)\nprint('held 300 MiB in two processes')\n"
     )
-    over_memory(run(fallback_sandbox, code))
+    over_memory(run(fallback_sandbox, code, limits=MEMORY_LIMITS))
 
 
 def test_memfd_files_that_are_never_mapped(fallback_sandbox):
@@ -89,7 +93,7 @@ def test_memfd_files_that_are_never_mapped(fallback_sandbox):
         "    fds.append(fd)\n"
         "print('held', 8 * 64, 'MiB')\n"
     )
-    result = run(fallback_sandbox, code)
+    result = run(fallback_sandbox, code, limits=MEMORY_LIMITS)
     if fallback_sandbox.isolation()["memory"][0] == "cgroup-memory":
         over_memory(result)
     else:
@@ -113,7 +117,7 @@ def test_sysv_segments_touched_by_three_children(fallback_sandbox):
         "for _ in ids:\n    os.wait()\n"
         "print('held 300 MiB of segments')\n"
     )
-    result = run(fallback_sandbox, code)
+    result = run(fallback_sandbox, code, limits=MEMORY_LIMITS)
     if result.status == "memory":
         over_memory(result)
     else:
