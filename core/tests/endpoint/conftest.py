@@ -1,14 +1,11 @@
 import pytest
-import torch
+from rlcore.testing.threads import one_torch_thread
 
 
 @pytest.fixture(scope="package", autouse=True)
-def one_torch_thread():
-    # As in the rollout tests: one OpenMP thread keeps the tiny model quick on a shared 2-core machine.
-    before = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(before)
+def one_thread():
+    with one_torch_thread():  # a tiny model on a shared 2-core machine
+        yield
 
 
 @pytest.fixture(scope="package")
