@@ -175,7 +175,7 @@ def gap_shape(
 
 #: The shape tests that stop a run whatever the bound (:func:`shape_mistake`), from
 #: ``benchmarks/sync_check_floor_smollm2.py`` (SmolLM2, 241-256 probe tokens, seeds 0-2, fp32 and bf16
-#: rollouts against an fp32 trainer; docs/concepts.md). The argmax engine: above on 93-100% of the
+#: rollouts against an fp32 trainer; docs/concepts.md). The argmax engine: above on 92-100% of the
 #: differing tokens, slope -0.75 to -0.88 (it reports about 0 where the trainer says log p); a healthy
 #: bf16 pair at its initial sync: above on 46-62%, slope -0.011 to +0.001. The temperature-ignoring engine
 #: at T=0.7: slope 0.44-0.68 of ``T - 1``.
