@@ -48,8 +48,25 @@ def build_parser() -> argparse.ArgumentParser:
     mode.add_argument("--validate", action="store_true", help="only validate (exit 0 when valid)")
     config.add_argument("--json", action="store_true", help="print JSON instead of YAML")
 
-    env = sub.add_parser("env", help="versions and visible devices")
+    env = sub.add_parser(
+        "env", help="versions and visible devices; build and list the roles' Python environments"
+    )
     env.add_argument("--json", action="store_true", help="print JSON")
+    env_sub = env.add_subparsers(dest="env_action", metavar="ACTION")
+    build = env_sub.add_parser("build", help="build environment NAME on this node (docs/environments.md)")
+    build.add_argument("name", metavar="NAME", help="a name under environments.requirements, or a plugin's")
+    build.add_argument("--config", dest="config_file", metavar="FILE", help="YAML config defining it")
+    build.add_argument("overrides", nargs="*", metavar="key=value", help="dotted overrides")
+    build.add_argument("--force", action="store_true", help="build again even if it is ready")
+    build.add_argument("--find-links", action="append", default=[], metavar="DIR", help="pip --find-links")
+    build.add_argument(
+        "--no-index", action="store_true", help="pip --no-index (wheels from --find-links only)"
+    )
+    build.set_defaults(handler="rlcore.cli.envs:cmd_env_build")
+    listing = env_sub.add_parser("list", help="the environments on this node and the ones a config names")
+    listing.add_argument("--config", dest="config_file", metavar="FILE", help="YAML config")
+    listing.add_argument("overrides", nargs="*", metavar="key=value", help="dotted overrides")
+    listing.set_defaults(handler="rlcore.cli.envs:cmd_env_list")
 
     export = sub.add_parser("export", help="write a Hugging Face folder from a training checkpoint")
     export.add_argument("checkpoint", help="checkpoint directory (runs/<name>/checkpoints/step_N)")
@@ -82,7 +99,8 @@ def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     from rlcore.cli import commands
 
-    handler = getattr(commands, f"cmd_{args.command}", None) or _load_handler(args.handler)
+    target = getattr(args, "handler", None)  # a subcommand's own module, else commands.cmd_<name>
+    handler = _load_handler(target) if target else getattr(commands, f"cmd_{args.command}")
     try:
         return handler(args) or 0
     except commands.UserError as exc:

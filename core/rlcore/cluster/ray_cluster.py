@@ -12,16 +12,20 @@ from typing import Any
 
 import attrs
 
+from rlcore.envs.spec import HOME_ENV
+
 #: Environment variables every worker process gets from the driver (plugin selection, unbuffered
 #: output so a crashing worker's last lines reach its log).
 FORWARDED_PREFIXES = ("RLCORE_",)
+#: ``RLCORE_*`` variables each node keeps its own of: where that node's environments live.
+NODE_LOCAL = frozenset({HOME_ENV})
 
 
 def forwarded_env(extra: Mapping[str, str] | None = None) -> dict[str, str]:
     """The driver's ``RLCORE_*`` variables (``RLCORE_LOAD_PLUGINS``, ``RLCORE_BLOCK_PLUGINS`` ...) plus
     ``PYTHONUNBUFFERED=1`` and ``extra``, for a worker's ``runtime_env``. Read now, so a change to
     ``os.environ`` after Ray started still reaches workers created later."""
-    env = {k: v for k, v in os.environ.items() if k.startswith(FORWARDED_PREFIXES)}
+    env = {k: v for k, v in os.environ.items() if k.startswith(FORWARDED_PREFIXES) and k not in NODE_LOCAL}
     env["PYTHONUNBUFFERED"] = "1"
     env.update(extra or {})
     return env

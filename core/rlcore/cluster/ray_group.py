@@ -33,6 +33,7 @@ from rlcore.cluster.failures import (
     death_reason,
     worker_log_tail,
 )
+from rlcore.cluster.neutral import auditing, check_neutral
 from rlcore.cluster.placement import BUNDLE_INDICES_ENV, PoolSlot, ResourcePool, cluster_resource
 from rlcore.cluster.ray_cluster import forwarded_env, start_ray
 from rlcore.cluster.wire import from_wire, to_wire
@@ -83,7 +84,15 @@ class _RayHost:
         return self.workers[key].topology()
 
     def call(self, key: str, method: str, *args: Any, **kwargs: Any) -> Any:
-        return self.workers[key].call(method, *args, **kwargs)
+        if not auditing():
+            return self.workers[key].call(method, *args, **kwargs)
+        try:
+            out = self.workers[key].call(method, *args, **kwargs)
+        except Exception as exc:
+            check_neutral(exc, f"the error of {key}.{method}")
+            raise
+        check_neutral(out, f"the result of {key}.{method}")
+        return out
 
 
 _HOST_CLASS = None
@@ -185,6 +194,8 @@ class RayGroup:
     :func:`~rlcore.cluster.placement.placement_from_config` instead. Calls poll
     every ``poll_s`` seconds for dead ranks; ``call_timeout_s`` (``None``: no limit) bounds any call, the
     engine's construction included. ``engine`` names the engine and its plugin in the messages.
+    ``py_executable``: the command the actors' Python starts with (a role's environment,
+    :func:`rlcore.envs.nodes.py_executable`); ``None``: the driver's interpreter.
 
     Given a ``host`` group, the ranks are built inside its actors instead (``trainer.placement=hybrid``:
     rank ``r`` in the process of the host's ``r``-th output rank, in its slot); such a group stops no
@@ -206,12 +217,15 @@ class RayGroup:
         poll_s: float = 1.0,
         host: RayGroup | None = None,
         engine: str = "",
+        py_executable: str | None = None,
     ):
         if world_size < 1:
             raise ValueError(f"group {role!r} needs world_size >= 1, got {world_size}")
         start_ray()
         self.role, self.world_size = role, world_size
         self.call_timeout_s, self.poll_s, self.engine = call_timeout_s, poll_s, engine
+        #: the interpreter the actors start with (an environment's, rlcore.envs); None: the driver's
+        self.py_executable = py_executable
         self._failure: WorkerFailure | WorkerTimeout | None = None
         self._info: list[WorkerInfo] = [{} for _ in range(world_size)]
         self._actors: list[Any] = []
@@ -243,6 +257,8 @@ class RayGroup:
             options = self.slot.actor_options(rank)
             bundles = ",".join(map(str, self.slot.bundle_indices(rank)))
             options["runtime_env"] = {"env_vars": {**env, BUNDLE_INDICES_ENV: bundles}}
+            if self.py_executable:
+                options["runtime_env"]["py_executable"] = self.py_executable
             self._actors.append(host.options(**options).remote(self.role, rank))
         self._info = self._wait([a.where.remote() for a in self._actors], "start", start_timeout_s)
         master_addr = self._info[0].get("node_ip") or "127.0.0.1"
@@ -364,6 +380,8 @@ class RayGroup:
         self._check_usable()
         args = tuple(to_wire(a) for a in args)
         kwargs = {k: to_wire(v) for k, v in kwargs.items()}
+        if auditing():
+            check_neutral((args, kwargs), f"the arguments of {self.role}.{method}")
         refs = [self._actors[r].call.remote(self.role, method, *args, **kwargs) for r in ranks]
         return RayPending(self, refs, method, list(ranks), self.call_timeout_s)
 
@@ -382,9 +400,12 @@ class RayGroup:
         self._check_usable()
         # One object per shard, serialised straight from views of the batch (no intermediate copy);
         # data-parallel peers (TP/PP ranks) read the same object.
-        pieces = [ray.put(to_wire(piece)) for piece in shards(data, self.dp_size, views=True)]
+        pieces = [to_wire(piece) for piece in shards(data, self.dp_size, views=True)]
         args = tuple(to_wire(a) for a in args)
         kwargs = {k: to_wire(v) for k, v in kwargs.items()}
+        if auditing():
+            check_neutral((pieces, args, kwargs), f"the arguments of {self.role}.{method}")
+        pieces = [ray.put(piece) for piece in pieces]
         refs = [
             actor.call.remote(self.role, method, pieces[self._topology.dp_ranks[r]], *args, **kwargs)
             for r, actor in enumerate(self._actors)

@@ -17,6 +17,7 @@ pickling tensors (:mod:`rlcore.cluster.wire`) and records how long each method t
 from __future__ import annotations
 
 import functools
+import importlib.metadata
 import os
 import socket
 import sys
@@ -76,6 +77,13 @@ def _stream_path(fd: int) -> str | None:
     return path if os.path.isfile(path) else None
 
 
+def _version(dist: str) -> str | None:
+    try:
+        return importlib.metadata.version(dist)
+    except importlib.metadata.PackageNotFoundError:
+        return None
+
+
 def _ray_identity() -> dict[str, Any]:
     """Ray node, placement group and resources of this process (``None`` outside a Ray worker)."""
     identity = {"node_id": None, "node_ip": None, "placement_group": None, "resources": None}
@@ -110,6 +118,9 @@ def where_am_i(role: str, rank: int) -> WorkerInfo:
         "rank": rank,
         "hostname": socket.gethostname(),
         "pid": os.getpid(),
+        # Which environment (rlcore.envs): the interpreter's prefix and its transformers, read from metadata.
+        "prefix": sys.prefix,
+        "transformers": _version("transformers"),
         **_ray_identity(),
         "stdout_path": _stream_path(1),
         "stderr_path": _stream_path(2),

@@ -73,6 +73,9 @@ def choose_placement(config: Any, rollout: str) -> tuple[str, str]:
         blockers.append(f"trainer.mode is {config.trainer.mode}")
     if config.transport.name not in ("auto", "inprocess"):
         blockers.append(f"transport.name is {config.transport.name}")
+    roles_env = config.environments.roles
+    if roles_env.get("rollout") != roles_env.get("actor"):
+        blockers.append("the rollout runs in another environment than the actor (environments.roles)")
     if blockers:
         return "colocated", f"trainer.placement auto -> colocated ({'; '.join(blockers)})"
     return "hybrid", (
@@ -106,6 +109,8 @@ def choose_backend(config: Any, placement: str) -> tuple[str, str]:
         "rollout.num_engines": config.rollout.num_engines,
     }
     blockers += [f"{key} is {value}" for key, value in sizes.items() if value != 1]
+    if config.environments.roles:
+        blockers.append("environments.roles runs roles with another interpreter")
     if blockers:
         return "ray", f"trainer.backend auto -> ray ({'; '.join(blockers)})"
     return "local", (

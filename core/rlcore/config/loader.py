@@ -21,6 +21,7 @@ from omegaconf.errors import OmegaConfBaseException
 from rlcore.config.auto import choose_rollout, resolve_layout
 from rlcore.config.names import NAMED_KEYS, check_names, name_error
 from rlcore.config.schema import FieldValueError, RLConfig
+from rlcore.envs.spec import config_errors as environment_errors
 from rlcore.plugins import registry
 from rlcore.tasks import with_task_recipe
 
@@ -240,6 +241,9 @@ def load_config(
     if errors:
         raise invalid_config(errors)
     config, layout_notes = resolve_layout(config, rollout_name)
+    env_errors = environment_errors(config)
+    if env_errors:
+        raise invalid_config(env_errors)
     if notes is not None:
         notes.extend([why_rollout, *layout_notes])
     return config

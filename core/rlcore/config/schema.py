@@ -13,6 +13,7 @@ import attrs
 from rlcore.agents.config import AgentConfig
 from rlcore.data.config import DataConfig
 from rlcore.distill.config import TeacherConfig
+from rlcore.envs.config import EnvironmentsConfig
 from rlcore.rewards.config import RewardConfig
 from rlcore.rewards.model_config import RewardModelConfig
 from rlcore.sandbox.config import SandboxConfig
@@ -498,5 +499,7 @@ class RLConfig:
     sandbox: SandboxConfig = attrs.Factory(SandboxConfig)
     sft: SFTConfig = attrs.Factory(SFTConfig)
     transport: TransportConfig = attrs.Factory(TransportConfig)
+    #: Which roles run in a Python environment of their own (``roles: {rollout: sglang}``).
+    environments: EnvironmentsConfig = attrs.Factory(EnvironmentsConfig)
     #: Plugin sections, by name (``fsdp``, ``vllm`` ...), each an instance of the plugin's config class.
     plugins: dict[str, Any] = attrs.Factory(dict)

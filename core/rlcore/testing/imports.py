@@ -48,6 +48,7 @@ CORE_LAYERS: tuple[tuple[str, tuple[str, ...]], ...] = (
             "rlcore.endpoint",
             "rlcore.rewards",
             "rlcore.distill",
+            "rlcore.envs",
             "rlcore.testing",
         ),
     ),

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import functools
 import random
+import sys
 from collections.abc import Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any
@@ -16,15 +17,21 @@ def build_roles(config: Any, train_roles: Sequence[str], on_built: Callable[[Any
     """Train roles ``train_roles`` and the rollout role, on ``trainer.backend``. ``on_built(handle)`` is
     called for each role and the placement as soon as it exists, so a later failure can shut it down."""
     from rlcore.cluster.roles import make_rollout_role, make_train_role
+    from rlcore.envs import role_env_specs
+    from rlcore.envs.nodes import check_nodes, py_executable
 
     backend = config.trainer.backend
     placement = None
+    env_specs = role_env_specs(config)
+    interpreters = {role: {"py_executable": py_executable(spec)} for role, spec in env_specs.items()}
     if backend == "ray":
         from rlcore.cluster.placement import placement_from_config
         from rlcore.cluster.ray_cluster import start_ray
 
         # Quiet runs keep workers' output in their log files (rlcore.telemetry.terminal), not on the terminal.
         start_ray(config.trainer.ray_address, log_to_driver=config.trainer.log_level != "quiet")
+        # Before any placement or worker: a node without a role's environment stops the run here.
+        check_nodes(env_specs)
         placement = placement_from_config(config, [*train_roles, "rollout"])
         placement.create()
         on_built(placement)
@@ -44,6 +51,7 @@ def build_roles(config: Any, train_roles: Sequence[str], on_built: Callable[[Any
             device=config.trainer.device,
             balance_batch=config.trainer.balance_batch,
             **ray_options,
+            **interpreters.get(name, {}),
         )
         for name in train_roles
     }
@@ -57,15 +65,26 @@ def build_roles(config: Any, train_roles: Sequence[str], on_built: Callable[[Any
         slot=slot("rollout"),
         device=config.trainer.device,
         **ray_options,
+        **interpreters.get("rollout", {}),
     )
     if backend == "ray" and config.trainer.placement == "hybrid":
         # The rollout is built inside the actor's processes, so after them.
         roles = _construct(builders, True, on_built)
         rollout = build_rollout(host=roles["actor"])
         on_built(rollout)
-        return roles, rollout
-    roles = _construct({**builders, "rollout": build_rollout}, backend == "ray", on_built)
-    rollout = roles.pop("rollout")
+    else:
+        roles = _construct({**builders, "rollout": build_rollout}, backend == "ray", on_built)
+        rollout = roles.pop("rollout")
+    for role, spec in env_specs.items():
+        handle = rollout if role == "rollout" else roles.get(role)
+        if handle is not None:
+            where = handle.group.ping()[0]
+            print(
+                f"rlcore: {role}: workers run in environment {spec.name} ({where['prefix']}, transformers "
+                f"{where['transformers']})",
+                file=sys.stderr,
+                flush=True,
+            )
     return roles, rollout
 
 

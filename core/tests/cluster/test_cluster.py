@@ -8,6 +8,7 @@ import subprocess
 import sys
 import tempfile
 import time
+from types import SimpleNamespace
 from pathlib import Path
 
 import pytest
@@ -21,7 +22,12 @@ from rlcore.cluster import (
     start_ray,
     stop_ray,
 )
+from rlcore.config import load_config
 from rlcore.config.schema import RLConfig
+from rlcore.envs import role_env_specs
+from rlcore.envs.nodes import EnvironmentMissing, check_nodes
+from rlcore.envs.overlay import build
+from rlcore.envs.spec import HOME_ENV
 from rlcore.testing.contract import contract_batch, token_nll_loss
 
 RAY = str(Path(sys.executable).with_name("ray"))
@@ -78,12 +84,17 @@ def two_nodes(tmp_path_factory):
     nodes = []
     head_ip = ray.util.get_node_ip_address()
 
+    # Each node has its own folder of Python environments (rlcore.envs): the head's holds what the
+    # environment test builds, the second node's stays empty.
+    homes = {"head": logs / "envs-head", "worker": logs / "envs-worker"}
+
     def start(args, name):
         log = open(logs / f"{name}.log", "w")
+        homes[name].mkdir()
         nodes.append(
             subprocess.Popen(
                 [RAY, "start", *args, *common],
-                env=env,
+                env={**env, HOME_ENV: str(homes[name])},
                 stdout=log,
                 stderr=subprocess.STDOUT,
                 start_new_session=True,
@@ -99,7 +110,7 @@ def two_nodes(tmp_path_factory):
         while len([n for n in ray.nodes() if n["Alive"]]) < 2:
             assert time.monotonic() < deadline, f"second node did not join; see {logs}"
             time.sleep(0.5)
-        yield info
+        yield SimpleNamespace(address=info.address, started_here=info.started_here, env_homes=homes)
     finally:
         stop_ray()
         for process, grace in zip(reversed(nodes), (20, 5), strict=False):
@@ -148,6 +159,39 @@ def test_a_group_spreads_over_both_nodes_and_trains_across_them(two_nodes):
         actor.shutdown()
         rollout.shutdown()
         placement.remove()
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(300)
+def test_a_roles_environment_missing_on_one_node_stops_the_run_before_any_worker_starts(two_nodes):
+    """The rollout's environment is built on the head only: the run stops in building its roles, before
+    any placement or worker exists, naming the second node and the command that builds it there."""
+    config = load_config(
+        overrides=[
+            "environments.requirements.bare=[]",  # no pip: a venv over the driver's site-packages
+            "environments.roles.rollout=bare",
+            "trainer.device=cpu",
+            f"trainer.ray_address={two_nodes.address}",
+        ]
+    )
+    specs = role_env_specs(config)
+    build(specs["rollout"], two_nodes.env_homes["head"], say=lambda line: None)
+    with pytest.raises(EnvironmentMissing) as caught:
+        check_nodes(specs)
+    message = str(caught.value)
+    assert (
+        "role 'rollout' runs in environment 'bare' (environments.roles.rollout), which is missing" in message
+    )
+    assert "on node 127.0.0.2" in message and f"{HOME_ENV}={two_nodes.env_homes['worker']}" in message
+    assert ray.util.get_node_ip_address() not in message  # the head has it
+    assert "env build bare --config <this run's config>" in message
+
+    from rlcore.trainer.build import build_roles
+
+    built = []
+    with pytest.raises(EnvironmentMissing, match="on node 127.0.0.2"):
+        build_roles(config, ["actor"], built.append)
+    assert built == []  # no placement group, no worker: stopped before step 1
 
 
 @pytest.mark.slow

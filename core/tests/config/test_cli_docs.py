@@ -14,10 +14,18 @@ DOC = Path(__file__).resolve().parents[3] / "docs" / "cli.md"
 SHARED = "Selecting the config"  # the section documenting the config options of train and config
 
 
-def subcommands() -> dict[str, argparse.ArgumentParser]:
-    parser = build_parser()
-    (action,) = [a for a in parser._actions if isinstance(a, argparse._SubParsersAction)]
-    return dict(action.choices)
+def subcommands(
+    parser: argparse.ArgumentParser | None = None, prefix: str = ""
+) -> dict[str, argparse.ArgumentParser]:
+    """Every subcommand by its words (``train``, ``env``, ``env build`` ...), nested ones included."""
+    parser = parser or build_parser()
+    found = {}
+    for action in parser._actions:
+        if isinstance(action, argparse._SubParsersAction):
+            for name, sub in action.choices.items():
+                found[prefix + name] = sub
+                found.update(subcommands(sub, f"{prefix}{name} "))
+    return found
 
 
 def sections() -> dict[str, str]:
@@ -67,7 +75,7 @@ def test_every_option_and_argument_is_documented_and_nothing_else(name):
     sub = subcommands()[name]
     options, positionals = arguments(sub)
     rows = table_rows(docs[f"rlcore {name}"])
-    if "--config" in options:  # train and config share the config options' table
+    if "--engine" in options:  # train and config share the config options' table
         rows += table_rows(docs[SHARED])
     names = documented_names(rows)
     for option in sorted(options):
@@ -86,6 +94,6 @@ def test_top_level_version_and_commands_table():
         assert f"rlcore {option}" in text
     overview = text.split("\n## ", 1)[0]
     for name in subcommands():
-        assert f"| [`rlcore {name}`](#rlcore-{name}) |" in overview, (
+        assert f"| [`rlcore {name}`](#rlcore-{name.replace(' ', '-')}) |" in overview, (
             f"rlcore {name} missing from the overview"
         )

@@ -9,6 +9,9 @@ from rlcore.transports.config import TransportConfig
 from rlcore_sglang.config import SGLangConfig
 
 RLCORE_PLUGIN_API = ">=1.0,<2"  # the rlcore plugin API versions this plugin works with
+#: The plugin's own environment (`rlcore env build sglang`, docs/environments.md): SGLang and its pins
+#: (transformers 5.12.1 for sglang 0.5.16) over the driver's environment, apart from the trainer's.
+RLCORE_PLUGIN_ENV = ["rlcore-sglang[cuda]"]
 
 #: What ``rlcore plugins`` and building the engine say where SGLang is missing.
 INSTALL_HINT = (

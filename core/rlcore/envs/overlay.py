@@ -1,0 +1,208 @@
+"""Building an overlay environment on this node, and telling whether one is ready.
+
+The folder ``<home>/<name>-<hash>`` holds a venv (``python -m venv --without-pip``: its ``bin/python``
+is the driver's base interpreter) whose ``site-packages`` has a ``.pth`` line calling
+``site.addsitedir`` on the driver's ``site-packages`` (so the editable installs and ``.pth`` files there
+work too) and the requirements, installed by the driver's pip (``pip --python``). pip resolves against
+both, installs only what the overlay changes, and never uninstalls from the base (it leaves packages
+"outside environment" alone). ``rlcore-env.json`` is written last: a folder without it is a build that
+did not finish, which the next build removes and redoes.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import fcntl
+import json
+import os
+import shutil
+import subprocess
+import sys
+import time
+from collections.abc import Callable, Iterator, Sequence
+from pathlib import Path
+
+import attrs
+
+from rlcore.envs.spec import EnvSpec, env_home
+
+#: The file that marks a finished build, with what it holds.
+MARKER = "rlcore-env.json"
+#: The ``.pth`` that puts the driver's ``site-packages`` after the overlay's own.
+BASE_PTH = "_rlcore_base.pth"
+#: The interpreter a role's workers start with, relative to the environment's folder.
+PYTHON = "bin/python"
+
+
+class BuildError(RuntimeError):
+    """pip or the venv failed; the message has the command and the tail of its log."""
+
+
+@attrs.frozen
+class EnvStatus:
+    """``state``: ``ready``, ``missing`` (never built here), ``incomplete`` (a build that stopped) or
+    ``stale`` (built here for other requirements or another driver environment); ``detail`` says more."""
+
+    state: str
+    path: str
+    detail: str = ""
+
+    @property
+    def ready(self) -> bool:
+        return self.state == "ready"
+
+
+def read_marker(path: Path) -> dict | None:
+    try:
+        return json.loads((path / MARKER).read_text())
+    except (OSError, ValueError):
+        return None
+
+
+def status(spec: EnvSpec, home: Path | None = None) -> EnvStatus:
+    """Whether ``spec``'s environment is ready on this node (under ``home``, default :func:`env_home`)."""
+    home = home or env_home()
+    path = spec.path(home)
+    marker = read_marker(path)
+    if marker is not None and marker.get("key") == spec.key and (path / PYTHON).exists():
+        return EnvStatus("ready", str(path))
+    if path.exists():
+        return EnvStatus("incomplete", str(path), "a build there did not finish")
+    others = sorted(home.glob(f"{spec.name}-*")) if home.is_dir() else []
+    for other in others:
+        old = read_marker(other)
+        if old is None:
+            continue
+        if old.get("base") != spec.base or old.get("python") != spec.python:
+            why = (
+                f"over {old.get('base')} (Python {old.get('python')}), not {spec.base} (Python {spec.python})"
+            )
+        else:
+            why = f"for {old.get('requirements')}, not {list(spec.requirements)}"
+        return EnvStatus("stale", str(path), f"{other.name} was built {why}")
+    return EnvStatus("missing", str(path), "never built on this node")
+
+
+@contextlib.contextmanager
+def _lock(home: Path, name: str) -> Iterator[None]:
+    """One build of an environment at a time on a node (two runs starting together)."""
+    home.mkdir(parents=True, exist_ok=True)
+    with open(home / f".{name}.lock", "w") as handle:
+        fcntl.flock(handle, fcntl.LOCK_EX)
+        try:
+            yield
+        finally:
+            fcntl.flock(handle, fcntl.LOCK_UN)
+
+
+def _run(command: Sequence[str], log: Path, what: str) -> None:
+    with open(log, "a") as out:
+        out.write(f"$ {' '.join(command)}\n")
+        out.flush()
+        done = subprocess.run(list(command), stdout=out, stderr=subprocess.STDOUT, check=False)
+    if done.returncode != 0:
+        tail = "".join(log.read_text().splitlines(keepends=True)[-25:])
+        raise BuildError(f"{what} failed (exit {done.returncode}): {' '.join(command)}\n{tail}")
+
+
+def installed_versions(python: Path, names: Sequence[str]) -> dict[str, str | None]:
+    """What ``python`` (an environment's interpreter) imports for each distribution in ``names``."""
+    script = (
+        "import importlib.metadata as m, json, sys\n"
+        "def v(n):\n"
+        "    try: return m.version(n)\n"
+        "    except m.PackageNotFoundError: return None\n"
+        "print(json.dumps({n: v(n) for n in sys.argv[1:]}))"
+    )
+    out = subprocess.run([str(python), "-c", script, *names], capture_output=True, text=True, check=True)
+    return json.loads(out.stdout)
+
+
+def unmet(spec: EnvSpec, versions: dict[str, str | None]) -> list[str]:
+    """The requirements of ``spec`` that ``versions`` (the environment's, by distribution) do not meet."""
+    from packaging.requirements import Requirement
+
+    problems = []
+    for line in spec.requirements:
+        req = Requirement(line)
+        if req.marker is not None and not req.marker.evaluate():
+            continue
+        have = versions.get(req.name)
+        if have is None or not req.specifier.contains(have, prereleases=True):
+            problems.append(f"{line} (the environment has {have or 'none'})")
+    return problems
+
+
+def build(
+    spec: EnvSpec,
+    home: Path | None = None,
+    *,
+    pip_args: Sequence[str] = (),
+    force: bool = False,
+    say: Callable[[str], None] = lambda line: print(line, file=sys.stderr, flush=True),
+) -> Path:
+    """Build ``spec``'s environment under ``home`` (default :func:`env_home`) unless it is ready (or
+    ``force``); return its folder. ``pip_args`` go to pip (``--no-index``, ``--find-links DIR``). Progress
+    lines go to ``say``; pip's own output to ``<folder>/build.log``."""
+    home = home or env_home()
+    path = spec.path(home)
+    with _lock(home, spec.name):
+        current = status(spec, home)
+        if current.ready and not force:
+            say(f"rlcore env: {spec.name} is ready at {path}")
+            return path
+        if path.exists():
+            say(f"rlcore env: removing {path} ({current.detail or 'rebuilt on request'})")
+            shutil.rmtree(path)
+        start = time.monotonic()
+        say(f"rlcore env: building {spec.name} at {path} over {spec.base}")
+        try:
+            _build_into(spec, path, pip_args, say)
+        except BaseException:
+            shutil.rmtree(path, ignore_errors=True)  # never leave half an environment that looks built
+            raise
+        say(f"rlcore env: {spec.name} ready in {time.monotonic() - start:.0f} s")
+        return path
+
+
+def _build_into(spec: EnvSpec, path: Path, pip_args: Sequence[str], say: Callable[[str], None]) -> None:
+    path.mkdir(parents=True)
+    log = path / "build.log"
+    _run([sys.executable, "-m", "venv", "--without-pip", str(path)], log, "creating the venv")
+    python = path / PYTHON
+    site = subprocess.run(
+        [str(python), "-c", "import sysconfig; print(sysconfig.get_paths()['purelib'])"],
+        capture_output=True,
+        text=True,
+        check=True,
+    ).stdout.strip()
+    Path(site).mkdir(parents=True, exist_ok=True)
+    # addsitedir, not a bare path line: the base's own .pth files (editable installs) are read too.
+    (Path(site) / BASE_PTH).write_text(f"import site; site.addsitedir({spec.base!r})\n")
+    if spec.requirements:
+        say(f"rlcore env: pip install {' '.join(spec.requirements)} (log: {log})")
+        command = [sys.executable, "-m", "pip", "--python", str(python), "install", "--no-compile"]
+        command += ["--disable-pip-version-check", *pip_args, *spec.requirements]
+        _run(command, log, "pip")
+    from packaging.requirements import Requirement
+
+    names = sorted({Requirement(r).name for r in spec.requirements} | {"rlcore", "torch", "transformers"})
+    versions = installed_versions(python, names)
+    missing = unmet(spec, versions)
+    if missing:
+        raise BuildError(
+            f"after pip, environment {spec.name!r} still lacks: {'; '.join(missing)} (log: {log})"
+        )
+    marker = {
+        "name": spec.name,
+        "key": spec.key,
+        "requirements": list(spec.requirements),
+        "base": spec.base,
+        "python": spec.python,
+        "source": spec.source,
+        "versions": versions,
+        "built_at": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
+    }
+    tmp = path / (MARKER + ".tmp")
+    tmp.write_text(json.dumps(marker, indent=1))
+    os.replace(tmp, path / MARKER)  # last, and whole: the folder counts as built only now
