@@ -38,3 +38,7 @@ class EnvironmentsConfig:
     #: must be a plugin's (``sglang``): its environment is the one the plugin declares
     #: (``RLCORE_PLUGIN_ENV`` in its entry-point module; the plugin itself when it declares none).
     requirements: dict[str, list[str]] = attrs.field(factory=dict)
+    #: Environment name -> folders of packages installed already (``pip install --target DIR``, an unpacked
+    #: wheelhouse), read before the driver's packages: on a machine without a package index, pip then has
+    #: nothing left to install. Each node needs them at the same paths.
+    sites: dict[str, list[str]] = attrs.field(factory=dict)

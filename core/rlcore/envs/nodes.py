@@ -24,10 +24,11 @@ class EnvironmentMissing(RuntimeError):
 
 def py_executable(spec: EnvSpec) -> str:
     """The command Ray starts ``spec``'s workers with (``runtime_env["py_executable"]``): the environment's
-    interpreter under the node's own ``RLCORE_ENV_HOME``. Ray runs it through ``bash -c`` on that node, so
-    the variable is that node's."""
+    interpreter under the node's own ``RLCORE_ENV_HOME``, without ``PYTHONPATH`` (whose entries would
+    come before the environment's own packages; the environment reads the driver's after them). Ray runs
+    it through ``bash -c`` on that node, so the variable is that node's."""
     default = DEFAULT_HOME.replace("~", "$HOME", 1)
-    return f'"${{{HOME_ENV}:-{default}}}"/{spec.dirname}/{PYTHON}'
+    return f'env -u PYTHONPATH "${{{HOME_ENV}:-{default}}}"/{spec.dirname}/{PYTHON}'
 
 
 def _probe(specs: list[EnvSpec]) -> dict[str, Any]:

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import contextlib
 import fcntl
+import importlib.metadata
 import json
 import os
 import shutil
@@ -23,6 +24,7 @@ from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
 
 import attrs
+from packaging.requirements import Requirement
 
 from rlcore.envs.spec import EnvSpec, env_home
 
@@ -65,6 +67,9 @@ def status(spec: EnvSpec, home: Path | None = None) -> EnvStatus:
     path = spec.path(home)
     marker = read_marker(path)
     if marker is not None and marker.get("key") == spec.key and (path / PYTHON).exists():
+        gone = [p for p in (*spec.sites, *spec.base) if not os.path.isdir(p)]
+        if gone:
+            return EnvStatus("stale", str(path), f"folders it reads are missing here: {', '.join(gone)}")
         return EnvStatus("ready", str(path))
     if path.exists():
         return EnvStatus("incomplete", str(path), "a build there did not finish")
@@ -73,10 +78,10 @@ def status(spec: EnvSpec, home: Path | None = None) -> EnvStatus:
         old = read_marker(other)
         if old is None:
             continue
-        if old.get("base") != spec.base or old.get("python") != spec.python:
-            why = (
-                f"over {old.get('base')} (Python {old.get('python')}), not {spec.base} (Python {spec.python})"
-            )
+        if old.get("base") != list(spec.base) or old.get("python") != spec.python:
+            why = f"over {old.get('base')} (Python {old.get('python')}), not {list(spec.base)} (Python {spec.python})"
+        elif old.get("sites", []) != list(spec.sites):
+            why = f"with sites {old.get('sites', [])}, not {list(spec.sites)}"
         else:
             why = f"for {old.get('requirements')}, not {list(spec.requirements)}"
         return EnvStatus("stale", str(path), f"{other.name} was built {why}")
@@ -105,6 +110,12 @@ def _run(command: Sequence[str], log: Path, what: str) -> None:
         raise BuildError(f"{what} failed (exit {done.returncode}): {' '.join(command)}\n{tail}")
 
 
+def worker_env() -> dict[str, str]:
+    """This process's environment as a role's worker gets it: without ``PYTHONPATH``
+    (:func:`rlcore.envs.nodes.py_executable`)."""
+    return {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}
+
+
 def installed_versions(python: Path, names: Sequence[str]) -> dict[str, str | None]:
     """What ``python`` (an environment's interpreter) imports for each distribution in ``names``."""
     script = (
@@ -114,22 +125,39 @@ def installed_versions(python: Path, names: Sequence[str]) -> dict[str, str | No
         "    except m.PackageNotFoundError: return None\n"
         "print(json.dumps({n: v(n) for n in sys.argv[1:]}))"
     )
-    out = subprocess.run([str(python), "-c", script, *names], capture_output=True, text=True, check=True)
+    out = subprocess.run(
+        [str(python), "-c", script, *names], capture_output=True, text=True, check=True, env=worker_env()
+    )
     return json.loads(out.stdout)
 
 
-def unmet(spec: EnvSpec, versions: dict[str, str | None]) -> list[str]:
-    """The requirements of ``spec`` that ``versions`` (the environment's, by distribution) do not meet."""
-    from packaging.requirements import Requirement
-
-    problems = []
-    for line in spec.requirements:
+def expanded(requirements: Sequence[str]) -> list[Requirement]:
+    """``requirements`` with what their extras ask for (``rlcore-sglang[cuda]`` -> ``sglang>=0.5.14``
+    too), read from the distributions' metadata here (the driver's, which the overlay shares)."""
+    out: list[Requirement] = []
+    for line in requirements:
         req = Requirement(line)
         if req.marker is not None and not req.marker.evaluate():
             continue
+        out.append(req)
+        for extra in sorted(req.extras):
+            try:
+                lines = importlib.metadata.requires(req.name) or []
+            except importlib.metadata.PackageNotFoundError:
+                continue  # not installed in the base: pip brings it and what its extras need
+            for sub in map(Requirement, lines):
+                if sub.marker is not None and sub.marker.evaluate({"extra": extra}):
+                    out.append(Requirement(f"{sub.name}{sub.specifier}"))
+    return out
+
+
+def unmet(requirements: Sequence[Requirement], versions: dict[str, str | None]) -> list[str]:
+    """The ``requirements`` that ``versions`` (an environment's, by distribution) do not meet."""
+    problems = []
+    for req in requirements:
         have = versions.get(req.name)
         if have is None or not req.specifier.contains(have, prereleases=True):
-            problems.append(f"{line} (the environment has {have or 'none'})")
+            problems.append(f"{req} (the environment has {have or 'none'})")
     return problems
 
 
@@ -155,7 +183,7 @@ def build(
             say(f"rlcore env: removing {path} ({current.detail or 'rebuilt on request'})")
             shutil.rmtree(path)
         start = time.monotonic()
-        say(f"rlcore env: building {spec.name} at {path} over {spec.base}")
+        say(f"rlcore env: building {spec.name} at {path} over {', '.join(spec.sites + spec.base)}")
         try:
             _build_into(spec, path, pip_args, say)
         except BaseException:
@@ -175,20 +203,25 @@ def _build_into(spec: EnvSpec, path: Path, pip_args: Sequence[str], say: Callabl
         capture_output=True,
         text=True,
         check=True,
+        env=worker_env(),
     ).stdout.strip()
     Path(site).mkdir(parents=True, exist_ok=True)
-    # addsitedir, not a bare path line: the base's own .pth files (editable installs) are read too.
-    (Path(site) / BASE_PTH).write_text(f"import site; site.addsitedir({spec.base!r})\n")
-    if spec.requirements:
+    # addsitedir, not a bare path line: the .pth files there (editable installs) are read too. One line,
+    # in order: the sites, then the driver's folders, all after the overlay's own site-packages.
+    # (map, not a comprehension: site exec()s the line in a function, whose names a comprehension misses)
+    folders = [*spec.sites, *spec.base]
+    (Path(site) / BASE_PTH).write_text(f"import site; list(map(site.addsitedir, {folders!r}))\n")
+    wanted = expanded(spec.requirements)
+    names = sorted({r.name for r in wanted} | {"rlcore", "torch", "transformers"})
+    if unmet(wanted, installed_versions(python, names)):
         say(f"rlcore env: pip install {' '.join(spec.requirements)} (log: {log})")
         command = [sys.executable, "-m", "pip", "--python", str(python), "install", "--no-compile"]
         command += ["--disable-pip-version-check", *pip_args, *spec.requirements]
         _run(command, log, "pip")
-    from packaging.requirements import Requirement
-
-    names = sorted({Requirement(r).name for r in spec.requirements} | {"rlcore", "torch", "transformers"})
+    elif spec.requirements:
+        say(f"rlcore env: {' '.join(spec.requirements)} met by the folders it reads: nothing for pip")
     versions = installed_versions(python, names)
-    missing = unmet(spec, versions)
+    missing = unmet(wanted, versions)
     if missing:
         raise BuildError(
             f"after pip, environment {spec.name!r} still lacks: {'; '.join(missing)} (log: {log})"
@@ -197,7 +230,8 @@ def _build_into(spec: EnvSpec, path: Path, pip_args: Sequence[str], say: Callabl
         "name": spec.name,
         "key": spec.key,
         "requirements": list(spec.requirements),
-        "base": spec.base,
+        "base": list(spec.base),
+        "sites": list(spec.sites),
         "python": spec.python,
         "source": spec.source,
         "versions": versions,

@@ -7,8 +7,8 @@ import hashlib
 import importlib
 import json
 import os
+import site
 import sys
-import sysconfig
 from pathlib import Path
 from typing import Any
 
@@ -33,27 +33,41 @@ def env_home() -> Path:
     return Path(os.environ.get(HOME_ENV) or DEFAULT_HOME).expanduser()
 
 
-def base_site() -> str:
-    """The driver environment's ``site-packages``: what every overlay reads after its own."""
-    return sysconfig.get_paths()["purelib"]
+def base_paths() -> tuple[str, ...]:
+    """The driver environment's package folders, in its order: ``PYTHONPATH``'s entries, then its
+    ``site-packages`` (a venv's, or a system Python's several) and the user's site. Every overlay reads
+    these after its own, and its workers start without ``PYTHONPATH``, so the overlay comes first."""
+    entries = [p for p in os.environ.get("PYTHONPATH", "").split(os.pathsep) if p]
+    entries += site.getsitepackages()
+    if site.ENABLE_USER_SITE:
+        entries.append(site.getusersitepackages())
+    seen: dict[str, None] = {}
+    for entry in entries:
+        path = os.path.abspath(entry)
+        if os.path.isdir(path):
+            seen.setdefault(path)
+    return tuple(seen)
 
 
 @attrs.frozen
 class EnvSpec:
-    """One environment: ``requirements`` (pip's syntax, sorted) installed over ``base`` (the
-    ``site-packages`` of the environment that runs rlcore) for Python ``python`` (``"3.11"``)."""
+    """One environment: ``requirements`` (pip's syntax, sorted), met by its own ``site-packages`` (pip
+    installs there what ``sites`` and ``base`` lack), then ``sites`` (folders of installed packages, such
+    as ``pip install --target DIR``, for machines without a registry), then ``base`` (the package
+    folders of the environment that runs rlcore, :func:`base_paths`), for Python ``python`` (``"3.11"``)."""
 
     name: str
     requirements: tuple[str, ...]
-    base: str
+    base: tuple[str, ...]
     python: str
+    sites: tuple[str, ...] = ()
     #: Where the requirements came from, for messages (``environments.requirements.x`` or a plugin).
     source: str = attrs.field(default="", eq=False)
 
     @property
     def key(self) -> str:
         """12 hex digits of the SHA-256 of requirements, base and Python: the folder's suffix."""
-        text = json.dumps([list(self.requirements), self.base, self.python])
+        text = json.dumps([list(self.requirements), list(self.base), self.python, list(self.sites)])
         return hashlib.sha256(text.encode()).hexdigest()[:12]
 
     @property
@@ -111,8 +125,10 @@ def plugin_requirements(name: str) -> tuple[list[str], str] | None:
 
 def spec_for(config: Any, name: str) -> EnvSpec:
     """The environment named ``name`` in ``config`` (its ``environments.requirements.<name>``, else the
-    plugin of that name's declaration). Raises :class:`EnvironmentProblem` for a name that is neither."""
+    plugin of that name's declaration; ``environments.sites.<name>`` if any). Raises
+    :class:`EnvironmentProblem` for a name that is neither."""
     defined = config.environments.requirements
+    sites = tuple(os.path.abspath(os.path.expanduser(p)) for p in config.environments.sites.get(name, []))
     if name in defined:
         requirements, source = list(defined[name]), f"environments.requirements.{name}"
     else:
@@ -127,7 +143,7 @@ def spec_for(config: Any, name: str) -> EnvSpec:
             )
         requirements, source = found
     version = f"{sys.version_info.major}.{sys.version_info.minor}"
-    return EnvSpec(name, _normalise(requirements, source), base_site(), version, source)
+    return EnvSpec(name, _normalise(requirements, source), base_paths(), version, sites, source)
 
 
 def role_env_specs(config: Any) -> dict[str, EnvSpec]:

@@ -35,7 +35,7 @@ def _no_cluster(monkeypatch):
 def test_an_environment_is_named_by_a_hash_of_its_requirements_base_and_python():
     a = spec_for(_config(x=["transformers==5.12.1", "tokenizers<0.23"]), "x")
     assert a.requirements == ("tokenizers<0.23", "transformers==5.12.1")  # sorted, pip's spelling
-    assert a.base.endswith("site-packages") and (Path(a.base) / "torch").is_dir()  # the driver's, with torch
+    assert any((Path(p) / "torch").is_dir() for p in a.base)  # the driver's package folders, torch's too
     assert a.python == f"{sys.version_info.major}.{sys.version_info.minor}"
     same = spec_for(_config(x=["tokenizers <0.23", "transformers==5.12.1"]), "x")
     other = spec_for(_config(x=["transformers==5.12.0"]), "x")
@@ -141,7 +141,7 @@ def test_workers_start_with_the_environment_under_their_own_nodes_home(tmp_path)
         echoed = subprocess.run(
             ["bash", "-c", f"echo {command}"], env=shell_env, capture_output=True, text=True, check=True
         ).stdout.strip()
-        assert echoed == str(home / spec.dirname / "bin" / "python")
+        assert echoed == f"env -u PYTHONPATH {home / spec.dirname / 'bin' / 'python'}"
 
 
 def test_the_node_local_home_is_not_forwarded_to_workers(monkeypatch):
@@ -163,3 +163,53 @@ def test_rlcore_env_list_exits_1_when_a_roles_environment_is_not_ready(tmp_path)
     _fake_built(spec_for(_config(**{"old-hf": ["transformers==5.12.1"]}), "old-hf"), tmp_path)
     done = subprocess.run(args, env=env, capture_output=True, text=True)
     assert done.returncode == 0 and "role rollout: environment old-hf is ready" in done.stdout, done.stdout
+
+
+def test_an_environment_reads_its_sites_before_the_drivers_and_needs_no_pip_when_they_meet_it(tmp_path):
+    """A machine without a registry: the packages are in a folder already (``pip install --target``);
+    the requirement is met there, so the build runs no pip (``--no-index`` would fail it otherwise), and
+    the folder's module shadows the driver's of the same name."""
+    site = tmp_path / "site"
+    (site / "rlcore_probe_pkg").mkdir(parents=True)
+    (site / "rlcore_probe_pkg" / "__init__.py").write_text("WHERE = 'site'\n")
+    info = site / "rlcore_probe_pkg-1.2.dist-info"
+    info.mkdir()
+    (info / "METADATA").write_text("Metadata-Version: 2.1\nName: rlcore-probe-pkg\nVersion: 1.2\n")
+    # A module named like one of the driver's: the site's comes first.
+    (site / "attrs").mkdir()
+    (site / "attrs" / "__init__.py").write_text("WHERE = 'site'\n")
+    config = _config(probe=["rlcore-probe-pkg==1.2"])
+    config.environments.sites["probe"] = [str(site)]
+    spec = spec_for(config, "probe")
+    assert (
+        spec.sites == (str(site),)
+        and spec.key != spec_for(_config(probe=["rlcore-probe-pkg==1.2"]), "probe").key
+    )
+    said: list[str] = []
+    path = overlay.build(spec, tmp_path / "home", pip_args=["--no-index"], say=said.append)
+    assert any("met by the folders it reads: nothing for pip" in line for line in said)
+    out = subprocess.run(
+        [
+            str(path / "bin" / "python"),
+            "-c",
+            "import attrs, rlcore_probe_pkg, torch; print(attrs.WHERE, rlcore_probe_pkg.WHERE)",
+        ],
+        capture_output=True,
+        text=True,
+        check=True,
+    ).stdout.split()
+    assert out == ["site", "site"]
+    assert overlay.read_marker(path)["versions"]["rlcore-probe-pkg"] == "1.2"
+    # On a node where the site folder is not there, the environment is not ready.
+    (site / "attrs" / "__init__.py").unlink()
+    (site / "attrs").rmdir()
+    import shutil
+
+    shutil.rmtree(site)
+    found = overlay.status(spec, tmp_path / "home")
+    assert found.state == "stale" and f"folders it reads are missing here: {site}" in found.detail
+
+
+def test_a_plugins_extra_counts_what_it_asks_for():
+    wanted = {str(r) for r in overlay.expanded(["rlcore-sglang[cuda]"])}
+    assert "rlcore-sglang[cuda]" in wanted and any(r.startswith("sglang>=") for r in wanted)
