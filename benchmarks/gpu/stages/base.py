@@ -28,6 +28,8 @@ class Stage:
     project: bool = True
     #: PYTHONPATH when it is not /tmp/proj and the bundles' sites.
     path: tuple[str, ...] | None = None
+    #: Environment every process of the stage gets besides its bundles'.
+    env_extra: dict[str, str] | None = None
 
     @property
     def kind(self) -> str:
@@ -46,4 +48,5 @@ class Stage:
         env = {"TOKENIZERS_PARALLELISM": "false"}
         for b in self.bundles:
             env.update(BUNDLES[b].env)
+        env.update(self.env_extra or {})
         return env

@@ -98,3 +98,68 @@ STAGES = [
         "sglang",
     ),
 ]
+
+
+# Issue 57: one installation serves both rollout plugins. The driver (Megatron trainer, the machine's
+# transformers 5.17) reads the vLLM bundle's site, never the SGLang bundle's; SGLang's workers start in
+# the environment `sglang` (rlcore.envs), which reads the SGLang bundle's site (SGLang and the
+# transformers 5.12.1 it pins) before the driver's folders. The machine has no registry: the bundle's site
+# meets the plugin's RLCORE_PLUGIN_ENV (rlcore-sglang[cuda]) and the build runs no pip (--no-index).
+ENV_HOME = "/tmp/envs"
+SGLANG_SITES = "environments.sites.sglang=[/tmp/site]"
+SGLANG_ENV = f"environments.roles.rollout=sglang {SGLANG_SITES}"
+#: PYTHONPATH of the driver of the environment stages: the project, the vLLM bundle, the model's GGUF.
+ENV_DRIVER_PATH = ("/tmp/proj", "/tmp/vsite", "/tmp/smsite")
+
+
+def _env_build(ctx: Ctx) -> list:
+    main = "import sys; from rlcore.cli.main import main; sys.exit(main())"
+    argv = (PY, "-c", main, "env", "build", "sglang", "--no-index", SGLANG_SITES)
+    return [Run("env-build-sglang", 120, argv, env={"RLCORE_ENV_HOME": ENV_HOME}, tail=10)]
+
+
+def _env_stage(name: str, doc: str, overrides: str, build_env: bool) -> Stage:
+    task = _task(name, f"engine=megatron {overrides}")
+
+    def build(ctx: Ctx) -> list:
+        return (_env_build(ctx) if build_env else []) + task(ctx)
+
+    return Stage(
+        f"smollm2-task-{name}",
+        doc,
+        "benchmarks/smollm2_task_cpu.py",
+        330,
+        build,
+        bundles=("vllm", "sglang", "smollm2"),
+        path=ENV_DRIVER_PATH,
+        env_extra={"RLCORE_ENV_HOME": ENV_HOME},
+    )
+
+
+STAGES += [
+    _env_stage(
+        "megatron-sglang-env",
+        "Megatron + SGLang, SGLang's workers in the environment `sglang` (its transformers 5.12.1), the trainer "
+        "on the machine's 5.17; builds the environment first",
+        f"rollout.engine=sglang {SGLANG_ENV}",
+        True,
+    ),
+    _env_stage(
+        "megatron-vllm-same-install",
+        "Megatron + vLLM from the same installation (driver environment, the machine's transformers)",
+        "rollout.engine=vllm",
+        False,
+    ),
+    _env_stage(
+        "megatron-sglang-env-rerun",
+        "the SGLang-environment run again with trainer.seed=1",
+        f"rollout.engine=sglang {SGLANG_ENV} trainer.seed=1",
+        True,
+    ),
+    _env_stage(
+        "megatron-vllm-same-install-rerun",
+        "the vLLM run again with trainer.seed=1",
+        "rollout.engine=vllm trainer.seed=1",
+        False,
+    ),
+]

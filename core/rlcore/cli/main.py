@@ -96,7 +96,16 @@ def _load_handler(target: str):
 
 
 def main(argv: list[str] | None = None) -> int:
-    args = build_parser().parse_args(argv)
+    parser = build_parser()
+    args, extra = parser.parse_known_args(argv)
+    # `key=value` overrides may follow options too (`rlcore env build NAME --no-index key=value`): argparse
+    # has given the positional list out before it reached them.
+    overrides = [word for word in extra if "=" in word and not word.startswith("-")]
+    if hasattr(args, "overrides") and overrides:
+        args.overrides = [*args.overrides, *overrides]
+        extra = [word for word in extra if word not in overrides]
+    if extra:
+        parser.error(f"unrecognized arguments: {' '.join(extra)}")
     from rlcore.cli import commands
 
     target = getattr(args, "handler", None)  # a subcommand's own module, else commands.cmd_<name>

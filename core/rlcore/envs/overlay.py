@@ -193,10 +193,30 @@ def build(
         return path
 
 
+def _bare_venv(path: Path) -> None:
+    """What ``venv --without-pip`` makes and an interpreter needs to take ``path`` as its prefix: a
+    ``pyvenv.cfg`` naming the base interpreter's folder, ``bin/python`` linked to it, and
+    ``lib/pythonX.Y/site-packages``."""
+    base = Path(getattr(sys, "_base_executable", sys.executable)).resolve()
+    version = f"{sys.version_info.major}.{sys.version_info.minor}"
+    (path / "bin").mkdir(exist_ok=True)
+    (path / "lib" / f"python{version}" / "site-packages").mkdir(parents=True, exist_ok=True)
+    (path / "pyvenv.cfg").write_text(
+        f"home = {base.parent}\ninclude-system-site-packages = false\nversion = {sys.version.split()[0]}\n"
+    )
+    link = path / PYTHON
+    if link.is_symlink() or link.exists():
+        link.unlink()
+    link.symlink_to(base)
+
+
 def _build_into(spec: EnvSpec, path: Path, pip_args: Sequence[str], say: Callable[[str], None]) -> None:
     path.mkdir(parents=True)
     log = path / "build.log"
-    _run([sys.executable, "-m", "venv", "--without-pip", str(path)], log, "creating the venv")
+    try:
+        _run([sys.executable, "-m", "venv", "--without-pip", str(path)], log, "creating the venv")
+    except BuildError:
+        _bare_venv(path)  # a Python without a working venv module (some distributions split it off)
     python = path / PYTHON
     site = subprocess.run(
         [str(python), "-c", "import sysconfig; print(sysconfig.get_paths()['purelib'])"],

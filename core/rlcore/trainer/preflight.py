@@ -58,7 +58,12 @@ def _component_problems(config: Any) -> Iterator[str]:
         ("transport.name", "weight_transports", config.transport.name),
         ("trainer.device", "device_platforms", config.trainer.device),
     ]
+    # A role in an environment of its own imports its engine there, where its libraries are (rlcore.envs):
+    # in the driver's environment they may be missing or another version.
+    apart = {"engine": "actor", "rollout.engine": "rollout"}
     for key, registry_key, name in chosen:
+        if key in apart and apart[key] in config.environments.roles:
+            continue
         if name != "auto":  # chosen among the installed ones when the roles are built
             problem = _import_problem(key, registry_key, name)
             if problem:

@@ -213,3 +213,38 @@ def test_an_environment_reads_its_sites_before_the_drivers_and_needs_no_pip_when
 def test_a_plugins_extra_counts_what_it_asks_for():
     wanted = {str(r) for r in overlay.expanded(["rlcore-sglang[cuda]"])}
     assert "rlcore-sglang[cuda]" in wanted and any(r.startswith("sglang>=") for r in wanted)
+
+
+def test_without_a_venv_module_the_environment_is_laid_out_by_hand(tmp_path, monkeypatch):
+    """Some distributions split ``venv`` off their Python: the folder is then made by hand, and its
+    interpreter still takes it as its prefix and reads the driver's packages."""
+    real_run = overlay._run
+
+    def no_venv(command, log, what):
+        if what == "creating the venv":
+            raise overlay.BuildError("No module named venv")
+        return real_run(command, log, what)
+
+    monkeypatch.setattr(overlay, "_run", no_venv)
+    spec = spec_for(_config(bare=[]), "bare")
+    path = overlay.build(spec, tmp_path, say=lambda line: None)
+    out = subprocess.run(
+        [str(path / "bin" / "python"), "-c", "import sys, rlcore; print(sys.prefix)"],
+        capture_output=True,
+        text=True,
+        check=True,
+    ).stdout.strip()
+    assert out == str(path) and overlay.status(spec, tmp_path).ready
+
+
+def test_rlcore_env_build_takes_overrides_after_its_options(tmp_path):
+    env = {**os.environ, HOME_ENV: str(tmp_path)}
+    rlcore = str(Path(sys.executable).with_name("rlcore"))
+    args = [rlcore, "env", "build", "bare", "--no-index", "environments.requirements.bare=[]"]
+    done = subprocess.run(args, env=env, capture_output=True, text=True)
+    assert done.returncode == 0, done.stderr
+    assert Path(done.stdout.strip()).parent == tmp_path and "bare ready in" in done.stderr
+    done = subprocess.run(
+        [rlcore, "env", "build", "bare", "--no-such-flag"], env=env, capture_output=True, text=True
+    )
+    assert done.returncode == 2 and "unrecognized arguments: --no-such-flag" in done.stderr
