@@ -80,6 +80,12 @@ STAGES = [
         "sglang",
     ),
     _stage(
+        "sglang-full-rerun",
+        "its re-run with trainer.seed=1",
+        "rollout.engine=sglang trainer.seed=1",
+        "sglang",
+    ),
+    _stage(
         "sglang-lora",
         "FSDP + SGLang, the LoRA recipe, the adapter loaded by SGLang",
         f"rollout.engine=sglang {LORA}",
@@ -115,7 +121,7 @@ ENV_DRIVER_PATH = ("/tmp/proj", "/tmp/vsite", "/tmp/smsite")
 def _env_build(ctx: Ctx) -> list:
     main = "import sys; from rlcore.cli.main import main; sys.exit(main())"
     argv = (PY, "-c", main, "env", "build", "sglang", "--no-index", SGLANG_SITES)
-    return [Run("env-build-sglang", 120, argv, env={"RLCORE_ENV_HOME": ENV_HOME}, tail=10)]
+    return [Run("env-build-sglang", 120, argv, tail=10)]  # RLCORE_ENV_HOME: the stage's env
 
 
 def _env_stage(name: str, doc: str, overrides: str, build_env: bool) -> Stage:
