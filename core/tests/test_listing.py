@@ -14,6 +14,8 @@ def test_installed_plugins_fit_80_columns_and_name_everything():
             for name in names:
                 assert name in text  # wrapped, never cut off with an ellipsis
     assert "fsdp (rlcore-fsdp " in text
+    # The SGLang plugin's own environment (RLCORE_PLUGIN_ENV) and the command that builds it.
+    assert "environment            rlcore-sglang[cuda] (rlcore env build sglang)" in text
 
 
 def test_a_failed_plugin_shows_its_error_wrapped():

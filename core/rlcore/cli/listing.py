@@ -57,6 +57,9 @@ def format_plugins(infos: Iterable[PluginInfo], width: int = 80) -> str:
             lines.extend(
                 _field(f"extra {extra}", ", ".join(_requirement(r, optional=True) for r in reqs), width)
             )
+        if info.environment is not None:
+            built = f"{', '.join(info.environment)} (rlcore env build {info.name})"
+            lines.extend(_field("environment", built, width))
         if unmet:
             lines.extend(_field("to fix", pip_command(*(f"'{r.requirement}'" for r in unmet)), width))
         if info.note:

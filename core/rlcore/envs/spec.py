@@ -4,7 +4,6 @@ that names its folder."""
 from __future__ import annotations
 
 import hashlib
-import importlib
 import json
 import os
 import site
@@ -20,8 +19,6 @@ from packaging.requirements import InvalidRequirement, Requirement
 HOME_ENV = "RLCORE_ENV_HOME"
 #: Where environments live when ``RLCORE_ENV_HOME`` is unset.
 DEFAULT_HOME = "~/.cache/rlcore/envs"
-#: The entry-point module attribute with a plugin's environment requirements.
-PLUGIN_ENV_ATTRIBUTE = "RLCORE_PLUGIN_ENV"
 
 
 class EnvironmentProblem(ValueError):
@@ -103,21 +100,17 @@ def _normalise(requirements: list[str], where: str) -> tuple[str, ...]:
 
 def plugin_requirements(name: str) -> tuple[list[str], str] | None:
     """``(requirements, source)`` of plugin ``name``'s own environment, or ``None`` if no such plugin:
-    its entry-point module's ``RLCORE_PLUGIN_ENV`` (``["rlcore-sglang[cuda]"]``), else the plugin's
-    distribution itself at its installed version."""
+    what its entry-point module declares in ``RLCORE_PLUGIN_ENV`` (``["rlcore-sglang[cuda]"]``), else the
+    plugin's distribution itself at its installed version."""
     from rlcore.plugins import get_plugin_manager
 
     info = get_plugin_manager().plugins.get(name)
     if info is None or info.builtin:
         return None
-    module_name = info.module.partition(":")[0]
-    declared = None
-    try:
-        declared = getattr(importlib.import_module(module_name), PLUGIN_ENV_ATTRIBUTE, None)
-    except Exception:  # a plugin that fails to import: `rlcore plugins` reports it; its own dist remains
-        declared = None
-    if declared is not None:
-        return list(declared), f"{PLUGIN_ENV_ATTRIBUTE} of plugin {name!r} ({module_name})"
+    if info.environment is not None:
+        return list(
+            info.environment
+        ), f"RLCORE_PLUGIN_ENV of plugin {name!r} ({info.module.partition(':')[0]})"
     if info.distribution is None:
         return [], f"plugin {name!r}"
     return [f"{info.distribution}=={info.version}"], f"plugin {name!r} (its distribution)"

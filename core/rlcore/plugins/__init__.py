@@ -92,6 +92,8 @@ class PluginInfo:
     registers: dict[str, list[str]] = attrs.field(factory=dict)
     #: The core API range it declares (``">=1.0,<2"``); ``None`` for built-ins and undeclared ones.
     api_range: str | None = None
+    #: The Python environment it declares for a role run apart (``RLCORE_PLUGIN_ENV``, rlcore.envs).
+    environment: list[str] | None = None
     #: Its distribution's requirements and whether they hold (:func:`check_requirements`; ``None``: not
     #: checked yet, which loading alone never does: Ray workers need not pay for it).
     requirements: list[compat.RequirementStatus] | None = None
@@ -277,6 +279,8 @@ def _load_module(ep: Any, info: PluginInfo) -> Any:
         getattr(module, compat.API_ATTRIBUTE, None),
         module.__name__,
     )
+    declared_env = getattr(module, compat.ENV_ATTRIBUTE, None)
+    info.environment = [str(r) for r in declared_env] if declared_env is not None else None
     return module
 
 

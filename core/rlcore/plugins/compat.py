@@ -30,6 +30,9 @@ from rlcore.api import API_VERSION
 
 #: The module attribute a plugin declares its supported core API range in.
 API_ATTRIBUTE = "RLCORE_PLUGIN_API"
+#: The module attribute a plugin declares the requirements of its own Python environment in
+#: (``["rlcore-sglang[cuda]"]``; ``rlcore env build NAME``, rlcore.envs).
+ENV_ATTRIBUTE = "RLCORE_PLUGIN_ENV"
 #: What ``rlcore new-plugin`` writes and the in-tree plugins declare: every minor of this major.
 DEFAULT_RANGE = f">={Version(API_VERSION).major}.0,<{Version(API_VERSION).major + 1}"
 
