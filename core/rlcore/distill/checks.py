@@ -69,25 +69,22 @@ def unused_teacher_problem(config: Any, roles: tuple[str, ...]) -> str | None:
 
 
 def _model_folder_problem(folder: Path) -> str | None:
-    file = folder / "config.json"
-    if not file.is_file():
-        where = "does not exist" if not folder.exists() else "has no config.json"
-        return (
-            f"{str(folder)!r} {where}; point it to a local Hugging Face folder of a causal LM (engines do not "
-            "download), or a built-in model (builtin:tiny, builtin:smollm2-135m-instruct)"
-        )
-    try:
-        hf_config = json.loads(file.read_text())
-    except json.JSONDecodeError as exc:
-        return f"{file} is not valid JSON: {exc}"
-    architectures = hf_config.get("architectures") or []
-    if not any(str(a).endswith("ForCausalLM") for a in architectures):
-        return (
-            f"{str(folder)!r} holds {', '.join(architectures) or 'a model with no architectures entry'}, not a "
-            "...ForCausalLM language model: a teacher gives a log-prob to every token of the student's "
-            "responses, which takes an LM head"
-        )
-    return None
+    from rlcore.models.folders import architecture_problem, read_hf_config
+
+    hf_config, problem = read_hf_config(
+        folder,
+        "a local Hugging Face folder of a causal LM (engines do not download), or a built-in model "
+        "(builtin:tiny, builtin:smollm2-135m-instruct)",
+    )
+    if problem:
+        return problem
+    return architecture_problem(
+        folder,
+        hf_config,
+        "ForCausalLM",
+        "language model: a teacher gives a log-prob to every token of the student's responses, which takes "
+        "an LM head",
+    )
 
 
 def _engine_problem(config: Any) -> str | None:

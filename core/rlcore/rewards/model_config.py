@@ -8,7 +8,6 @@ from Python.
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 from typing import Any
 
@@ -121,24 +120,23 @@ def reward_model_problems(config: Any) -> list[str]:
 
 
 def _model_folder_problem(folder: Path) -> str | None:
-    file = folder / "config.json"
-    if not file.is_file():
-        where = "does not exist" if not folder.exists() else "has no config.json"
-        return (
-            f"{str(folder)!r} {where}; point it to a local Hugging Face folder of a sequence-classification "
-            "reward model (engines do not download)"
-        )
-    try:
-        hf_config = json.loads(file.read_text())
-    except json.JSONDecodeError as exc:
-        return f"{file} is not valid JSON: {exc}"
-    architectures = hf_config.get("architectures") or []
-    if not any(str(a).endswith("ForSequenceClassification") for a in architectures):
-        return (
-            f"{str(folder)!r} holds {', '.join(architectures) or 'a model with no architectures entry'}, not a "
-            "...ForSequenceClassification reward model: its score head would start from random weights. "
-            "Export or train a sequence-classification model (AutoModelForSequenceClassification, num_labels=1)"
-        )
+    from rlcore.models.folders import architecture_problem, read_hf_config
+
+    hf_config, problem = read_hf_config(
+        folder,
+        "a local Hugging Face folder of a sequence-classification reward model (engines do not download)",
+    )
+    if problem:
+        return problem
+    problem = architecture_problem(
+        folder,
+        hf_config,
+        "ForSequenceClassification",
+        "reward model: its score head would start from random weights. Export or train a "
+        "sequence-classification model (AutoModelForSequenceClassification, num_labels=1)",
+    )
+    if problem:
+        return problem
     labels = num_labels(hf_config)
     if labels != 1:
         return (
