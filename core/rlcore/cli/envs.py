@@ -5,6 +5,8 @@ from __future__ import annotations
 import json
 from typing import Any
 
+import attrs
+
 from rlcore.cli.commands import UserError, _load
 
 
@@ -51,7 +53,7 @@ def cmd_env_list(args: Any) -> int:
         wanted = role_env_specs(config)
     except EnvironmentProblem as exc:
         raise UserError(str(exc)) from None
-    roles = {role: {"name": spec.name, **vars_of(status(spec, home))} for role, spec in wanted.items()}
+    roles = {role: {"name": spec.name, **attrs.asdict(status(spec, home))} for role, spec in wanted.items()}
     if args.json:
         print(json.dumps({"home": str(home), "built": rows, "roles": roles}, indent=2))
     else:
@@ -62,7 +64,3 @@ def cmd_env_list(args: Any) -> int:
             detail = f": {row['detail']}" if row["detail"] else ""
             print(f"role {role}: environment {row['name']} is {row['state']}{detail}")
     return 1 if any(row["state"] != "ready" for row in roles.values()) else 0
-
-
-def vars_of(found: Any) -> dict[str, str]:
-    return {"state": found.state, "path": found.path, "detail": found.detail}

@@ -79,6 +79,12 @@ def test_a_role_in_its_own_environment_runs_on_ray_in_processes_of_its_own():
     assert (both.trainer.placement, both.trainer.backend) == ("hybrid", "ray")
 
 
+def _run_in(path: Path, code: str) -> str:
+    """What ``code`` prints, run by the interpreter of the environment at ``path``."""
+    python = str(path / "bin" / "python")
+    return subprocess.run([python, "-c", code], capture_output=True, text=True, check=True).stdout
+
+
 def _fake_built(spec, home: Path, **marker) -> Path:
     """A folder as a finished build leaves it (the interpreter a link to this one)."""
     path = spec.path(home)
@@ -119,12 +125,7 @@ def test_an_environment_without_requirements_overlays_the_drivers(tmp_path):
     spec = spec_for(_config(bare=[]), "bare")
     path = overlay.build(spec, tmp_path, say=lambda line: None)
     assert overlay.status(spec, tmp_path).ready
-    out = subprocess.run(
-        [str(path / "bin" / "python"), "-c", "import sys, rlcore, torch; print(sys.prefix, rlcore.__file__)"],
-        capture_output=True,
-        text=True,
-        check=True,
-    ).stdout.split()
+    out = _run_in(path, "import sys, rlcore, torch; print(sys.prefix, rlcore.__file__)").split()
     assert out[0] == str(path) and out[1].startswith(str(Path(__file__).parents[2] / "rlcore"))
     marker = overlay.read_marker(path)
     assert marker["versions"]["torch"] and marker["key"] == spec.key
@@ -188,16 +189,9 @@ def test_an_environment_reads_its_sites_before_the_drivers_and_needs_no_pip_when
     said: list[str] = []
     path = overlay.build(spec, tmp_path / "home", pip_args=["--no-index"], say=said.append)
     assert any("met by the folders it reads: nothing for pip" in line for line in said)
-    out = subprocess.run(
-        [
-            str(path / "bin" / "python"),
-            "-c",
-            "import attrs, rlcore_probe_pkg, torch; print(attrs.WHERE, rlcore_probe_pkg.WHERE)",
-        ],
-        capture_output=True,
-        text=True,
-        check=True,
-    ).stdout.split()
+    out = _run_in(
+        path, "import attrs, rlcore_probe_pkg, torch; print(attrs.WHERE, rlcore_probe_pkg.WHERE)"
+    ).split()
     assert out == ["site", "site"]
     assert overlay.read_marker(path)["versions"]["rlcore-probe-pkg"] == "1.2"
     # On a node where the site folder is not there, the environment is not ready (the folder holds
@@ -227,12 +221,7 @@ def test_without_a_venv_module_the_environment_is_laid_out_by_hand(tmp_path, mon
     monkeypatch.setattr(overlay, "_run", no_venv)
     spec = spec_for(_config(bare=[]), "bare")
     path = overlay.build(spec, tmp_path, say=lambda line: None)
-    out = subprocess.run(
-        [str(path / "bin" / "python"), "-c", "import sys, rlcore; print(sys.prefix)"],
-        capture_output=True,
-        text=True,
-        check=True,
-    ).stdout.strip()
+    out = _run_in(path, "import sys, rlcore; print(sys.prefix)").strip()
     assert out == str(path) and overlay.status(spec, tmp_path).ready
 
 
