@@ -10,7 +10,7 @@ import importlib
 #: added (a plugin built for 1.0 works with 1.3); the major grows when something a plugin relies on
 #: changes or goes. A plugin declares the range it supports as ``RLCORE_PLUGIN_API`` in its entry-point
 #: module (docs/plugins.md, "Compatibility"), and a plugin whose range excludes this version is refused.
-API_VERSION = "1.0"
+API_VERSION = "1.1"
 
 _EXPORTS = {
     "Algorithm": "rlcore.api.algorithm",
@@ -30,6 +30,7 @@ _EXPORTS = {
     "WeightTransport": "rlcore.api.weight_transport",
     "ROLLOUT_TAGS": "rlcore.api.requests",
     "check_prompts": "rlcore.api.requests",
+    "check_quantization": "rlcore.api.requests",
     "check_sampling": "rlcore.api.requests",
     "check_tags": "rlcore.api.requests",
     "request_seeds": "rlcore.api.requests",

@@ -99,6 +99,21 @@ def check_tags(tags: Sequence[str], *, engine: str) -> list[str]:
     return [t for t in ROLLOUT_TAGS if t in tags]
 
 
+def check_quantization(quantization: str | None, engine_cls: type, engine: str) -> None:
+    """Refuse ``rollout.quantization`` for an engine class that does not list it in ``quantizations``
+    (``engine``: the plugin's label, for the message)."""
+    if quantization is None:
+        return
+    offered = tuple(getattr(engine_cls, "quantizations", ()))
+    if quantization not in offered:
+        offers = f"it offers {', '.join(offered)}" if offered else "it quantizes nothing"
+        raise ValueError(
+            f"rollout engine {engine} cannot generate with {quantization} weights ({offers}); set "
+            "rollout.quantization: null, or use an engine that offers it (rlcore-vllm and rlcore-sglang "
+            "on GPUs: docs/concepts.md)"
+        )
+
+
 def rollout_dtype(name: str) -> Any:
     """The ``torch.dtype`` of ``rollout.dtype`` ``name``; another value is an error naming the valid ones."""
     if name not in ROLLOUT_DTYPES:

@@ -78,6 +78,10 @@ class RolloutSpec:
     # ``actor.lora.sync``: "auto" (the engine decides whether it loads adapters, by its speed with them)
     # or "adapter" (it must).
     lora_sync: str = "auto"
+    # ``rollout.quantization``: None (weights in ``dtype``) or ``"fp8"``: the engine quantizes the linear
+    # layers' weights to float8 (e4m3) when it loads them and again at every weight load, so the stream
+    # stays in ``dtype``. Only engines listing it in :attr:`RolloutEngine.quantizations` take it.
+    quantization: str | None = None
 
 
 class RolloutEngine(abc.ABC):
@@ -87,6 +91,9 @@ class RolloutEngine(abc.ABC):
     #: Whether the engine can generate with a LoRA adapter loaded from the weight stream (see
     #: :meth:`load_weights`); when False a LoRA run sends it merged weights.
     supports_lora_adapters: ClassVar[bool] = False
+    #: The ``spec.quantization`` values the engine implements (``"fp8"``); a worker refuses the others
+    #: before it builds the engine.
+    quantizations: ClassVar[tuple[str, ...]] = ()
 
     def __init__(self, spec: RolloutSpec, config: Any, platform: Any):
         self.spec, self.config, self.platform = spec, config, platform

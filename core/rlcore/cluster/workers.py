@@ -27,7 +27,15 @@ from collections.abc import Iterable, Iterator, Sequence
 from pathlib import Path
 from typing import Any
 
-from rlcore.api import Batch, Completion, DistInfo, EngineSpec, RolloutSpec, SamplingParams
+from rlcore.api import (
+    Batch,
+    Completion,
+    DistInfo,
+    EngineSpec,
+    RolloutSpec,
+    SamplingParams,
+    check_quantization,
+)
 from rlcore.cluster import micro_batching
 from rlcore.cluster.failures import WorkerError
 from rlcore.cluster.wire import from_wire, to_wire
@@ -492,6 +500,7 @@ class RolloutWorker(Worker):
         for key, value in self.platform.rollout_env(engine_name).items():
             os.environ.setdefault(key, value)
         engine_cls = entry.load()
+        check_quantization(spec.quantization, engine_cls, entry.label)
         self.engine = engine_cls(spec, _engine_config(entry, engine_cls, engine_config), self.platform)
         _LOCAL_ROLLOUT.worker = self
         if spec.lora is not None and spec.lora_sync == "adapter" and not self.loads_adapters():

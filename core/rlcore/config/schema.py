@@ -198,6 +198,13 @@ class RolloutConfig:
         default="auto",
         validator=attrs.validators.optional(_one_of("auto", "float32", "bfloat16", "float16")),
     )
+    #: ``fp8``: the rollout engine generates with float8 (e4m3) weights in its linear layers (vLLM's
+    #: online per-tensor and SGLang's per-channel FP8, W8A8 with dynamic activation scales on GPUs), over
+    #: a trainer in ``model.dtype``: the weight stream stays in ``rollout.dtype`` and the engine
+    #: quantizes it again at every sync. The sampling distribution then differs from the trainer's more
+    #: than bf16 alone: ``algorithm.off_policy: auto`` picks ``tis`` with it, and the post-sync check
+    #: bounds it by the fp8 cap (docs/concepts.md). ``null``: weights in ``rollout.dtype``.
+    quantization: str | None = attrs.field(default=None, validator=attrs.validators.optional(_one_of("fp8")))
     #: Responses sampled per prompt (the group size of GRPO/RLOO).
     n: int = attrs.field(default=4, validator=_positive)
     #: Sampling temperature (0: greedy).
@@ -290,7 +297,8 @@ class AlgorithmConfig:
     #: sampling, verl's ``rollout_is``: that weight capped at ``is_cap``); ``mask`` (no reweighting, the
     #: tokens or, at ``is_level: sequence``, the sequences whose weight exceeds ``is_cap`` dropped: TRL's
     #: default ``sequence_mask`` at 3). ``auto``: ``tis`` when samples can be stale (``trainer.mode``
-    #: ``one_step_off``, or ``async`` with ``max_staleness`` > 0), else ``none`` (why: docs/concepts.md).
+    #: ``one_step_off``, or ``async`` with ``max_staleness`` > 0) or the rollout quantizes
+    #: (``rollout.quantization``), else ``none`` (why: docs/concepts.md).
     off_policy: str = attrs.field(
         default="auto", validator=_one_of("auto", "none", "behaviour", "decoupled", "tis", "mask")
     )

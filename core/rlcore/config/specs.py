@@ -107,6 +107,7 @@ def rollout_spec(config: Any) -> RolloutSpec:
         seed=config.trainer.seed,
         lora=lora_spec(config) if config.actor.lora.sync != "merged" else None,
         lora_sync=config.actor.lora.sync if config.actor.lora.sync != "merged" else "auto",
+        quantization=config.rollout.quantization,
     )
 
 
@@ -155,14 +156,17 @@ def role_world_size(config: Any, role: str) -> int:
 #: the first sync of SmolLM2 (fp32 trainer, bf16 rollout), up to 0.19 with a LoRA adapter merged into bf16
 #: weights. A wrong engine: 0.6-2 (a stale prefix cache, an unsent lm_head, argmax log-probs on random
 #: weights); on SmolLM2 docs/benchmarks.md has the argmax and temperature-ignoring gaps.
-LOGPROB_DIFF_BY_DTYPE = {"float64": 0.02, "float32": 0.02, "float16": 0.1, "bfloat16": 0.3}
+#: ``float8`` stands for a rollout that quantizes its weights (``rollout.quantization: fp8``): e4m3 keeps 3
+#: mantissa bits against bf16's 7, so its gap is of another order; its cap and margin are wide, and the
+#: shape tests (argmax, temperature) are what still tell a wrong engine there.
+LOGPROB_DIFF_BY_DTYPE = {"float64": 0.02, "float32": 0.02, "float16": 0.1, "bfloat16": 0.3, "float8": 1.5}
 
 #: A later sync may reach ``max(SYNC_FLOOR_FACTOR * floor, floor + margin)`` (capped as above), the floor
 #: being the same statistic at the initial sync, when rollout and trainer hold the same weights.
 SYNC_FLOOR_FACTOR = 3.0
 #: The margin over the floor per dtype: what training moves a healthy pair's gap by (bf16 on SmolLM2:
 #: 0.05-0.07 at the first sync, 0.14-0.19 with a merged LoRA adapter: a margin of 0.2).
-SYNC_FLOOR_MARGIN = {"float64": 0.005, "float32": 0.005, "float16": 0.05, "bfloat16": 0.2}
+SYNC_FLOOR_MARGIN = {"float64": 0.005, "float32": 0.005, "float16": 0.05, "bfloat16": 0.2, "float8": 0.5}
 #: The range of the gap a bf16 engine against an fp32 one gives (the check's dtype diagnosis).
 DTYPE_GAP = (0.02, 0.3)
 
@@ -171,7 +175,9 @@ _PRECISION = ("float64", "float32", "float16", "bfloat16")
 
 def check_dtype(config: Any) -> str:
     """The dtype the post-sync check's numbers are taken from: the less precise of the rollout's and the
-    trainer's (``model.dtype``)."""
+    trainer's (``model.dtype``); ``float8`` when the rollout quantizes (``rollout.quantization``)."""
+    if config.rollout.quantization == "fp8":
+        return "float8"
     pair = [rollout_dtype_name(config), config.model.dtype]
     return max(pair, key=lambda d: _PRECISION.index(d) if d in _PRECISION else -1)
 
@@ -225,11 +231,15 @@ def stream_over_sampling(config: Any) -> int:
 
 
 def off_policy_correction(config: Any) -> str:
-    """``algorithm.off_policy`` with ``auto`` resolved: ``tis`` when samples can be stale, else ``none``."""
+    """``algorithm.off_policy`` with ``auto`` resolved: ``tis`` when samples can be stale or the rollout
+    quantizes its weights, else ``none``."""
     chosen = config.algorithm.off_policy
     if chosen != "auto":
         return chosen
-    return "tis" if max_staleness(config) > 0 else "none"
+    # A quantized rollout samples from other weights than the trainer's at every step, as stale samples
+    # do: verl finds token-level TIS needed to hold bf16 accuracy with FP8 rollout (PEERS.md).
+    stale = max_staleness(config) > 0 or config.rollout.quantization is not None
+    return "tis" if stale else "none"
 
 
 def rollout_chunk_tokens(config: Any) -> int | None:

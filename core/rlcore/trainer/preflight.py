@@ -69,6 +69,8 @@ def _component_problems(config: Any) -> Iterator[str]:
             if problem:
                 yield problem
     yield from _lora_problems(config)
+    if "rollout" not in config.environments.roles:
+        yield from _quantization_problems(config)
 
 
 def _lora_problems(config: Any) -> Iterator[str]:
@@ -88,6 +90,25 @@ def _lora_problems(config: Any) -> Iterator[str]:
             f"'actor.lora.rank': {config.actor.lora.rank}, but train engine {label} does not train LoRA "
             "adapters; use --engine fsdp, or actor.lora.rank=0 to train the full model"
         )
+
+
+def _quantization_problems(config: Any) -> Iterator[str]:
+    """``rollout.quantization`` needs a rollout engine that lists it (its worker refuses too, for an
+    ``auto`` engine chosen later or one in an environment of its own)."""
+    from rlcore.api import check_quantization
+    from rlcore.plugins import registry
+
+    name = resolve_rollout(config.rollout.engine)
+    if config.rollout.quantization is None or name == "auto":
+        return
+    try:
+        engine = registry("rollout_engines").get(name)
+    except RegistryError:
+        return  # reported above
+    try:
+        check_quantization(config.rollout.quantization, engine, registry("rollout_engines").entry(name).label)
+    except ValueError as exc:
+        yield f"'rollout.quantization': {exc}"
 
 
 def _algorithm_problems(config: Any) -> Iterator[str]:

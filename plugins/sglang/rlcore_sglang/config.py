@@ -67,6 +67,8 @@ OWNED_ENGINE_ARGS = frozenset(
         "max_lora_rank",
         "lora_target_modules",
         "max_loras_per_batch",
+        "quantization",
+        "load_format",
     }
 )
 #: Where each owned argument comes from, for the refusal message.
@@ -91,6 +93,8 @@ _OWNED_SOURCE = {
     "max_lora_rank": "actor.lora.rank",
     "lora_target_modules": "actor.lora.target_modules",
     "max_loras_per_batch": "(fixed: 1, the adapter being trained)",
+    "quantization": "rollout.quantization",
+    "load_format": "(fixed: SGLang's default, or 'flash_rl' with rollout.quantization)",
 }
 
 

@@ -66,6 +66,12 @@ RAW_LOGPROB_ENV = "SGLANG_RETURN_ORIGINAL_LOGPROB"
 NCCL_CUMEM_ENV = "NCCL_CUMEM_ENABLE"
 
 
+#: SGLang's loader for quantized RL rollouts: quantizes at start and again at every weight update (a plain
+#: ``quantization="fp8"`` engine quantizes once and replaces the parameters, losing their loaders, so a
+#: later update would write 16-bit values into float8 storage).
+QUANTIZED_LOAD_FORMAT = "flash_rl"
+
+
 def import_sglang():
     """``sglang``, or an error saying how to get it (SGLang has no CPU build)."""
     if importlib.util.find_spec("sglang") is None:
@@ -102,6 +108,8 @@ def engine_args(spec: RolloutSpec, config: SGLangConfig) -> dict[str, Any]:
         kwargs["attention_backend"] = config.attention_backend
     if config.chunked_prefill_size is not None:
         kwargs["chunked_prefill_size"] = config.chunked_prefill_size
+    if spec.quantization is not None:
+        kwargs.update(quantization=spec.quantization, load_format=QUANTIZED_LOAD_FORMAT)
     if adapters.serves_adapters(spec):
         kwargs.update(adapters.engine_kwargs(spec))
     return {**kwargs, **config.engine_kwargs}
@@ -127,6 +135,11 @@ class SGLangRollout(RolloutEngine):
 
     config_class = SGLangConfig
     supports_lora_adapters = True
+    #: ``rollout.quantization: fp8``: SGLang's FP8 over a 16-bit checkpoint (``quantization="fp8"``,
+    #: per-channel e4m3 weights on Hopper) loaded through its ``flash_rl`` loader, which records each
+    #: layer's loaders before quantizing so that every later ``update_weights_from_tensor`` quantizes the
+    #: trainer's 16-bit weights again (embeddings, norms and ``lm_head`` stay 16-bit).
+    quantizations = ("fp8",)
 
     def __init__(
         self, spec: RolloutSpec, config: SGLangConfig | None = None, platform: DevicePlatform | None = None

