@@ -14,7 +14,16 @@ from .models import _stage as _recipe
 
 def _throughput(engine: str, out: str):
     def build(ctx: Ctx) -> list:
-        argv = cmd(PY, "benchmarks/fp8_rollout_gpu.py", "--engine", engine, "--out", f"{ctx.res}/{out}")
+        argv = cmd(
+            PY,
+            "benchmarks/fp8_rollout_gpu.py",
+            "--engine",
+            engine,
+            "--repeats",
+            "3",
+            "--out",
+            f"{ctx.res}/{out}",
+        )
         return [Run(out.removesuffix(".json"), 500, argv, tail=30), FreeGpu()]
 
     return build
