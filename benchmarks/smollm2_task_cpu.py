@@ -4,15 +4,22 @@ Runs ``rlcore train data.train_files=[builtin:TASK/train.jsonl]`` (the task's re
 GRPO, greedy validation on 200 held-out problems before training and every ``val_freq`` steps) and
 reports held-out accuracy before -> after with 95% confidence intervals, the wall time, and the curve.
 ``--task addition`` (the default) answers sums directly; ``--task tool_sum`` answers with the calculator
-tool (an agent run: docs/agents.md).
+tool (an agent run: docs/agents.md). ``--agent program`` or ``--agent command`` runs the ``tool_sum``
+episodes, validation included, through ``examples/agents/calculator_agent.py`` (an agent written with the
+``openai`` package only, over the rollout workers' chat endpoint) instead of the built-in agent loop, with
+the same recipe: ``agent.program=calculator_agent:agent`` (that folder on ``PYTHONPATH``, called in the
+rollout worker) or ``agent.command=[python, examples/agents/calculator_agent.py]`` (one process per
+episode).
 
     python benchmarks/smollm2_task_cpu.py --name full            # the recipe as it is
     python benchmarks/smollm2_task_cpu.py --name full-rerun      # the independent re-run of a row
     python benchmarks/smollm2_task_cpu.py --task tool_sum --name tool
+    python benchmarks/smollm2_task_cpu.py --task tool_sum --agent program --name openai-agent rollout.engine=vllm
 
-Writes ``benchmarks/results/smollm2-task/<name>.json`` (``smollm2-tool-task/`` for ``tool_sum``: the
-command, the accuracy before and after, the intervals, the wall time, every validation point) and
-``<name>.png``; extra ``key=value`` arguments are passed to ``rlcore train``.
+Writes ``benchmarks/results/smollm2-task/<name>.json`` (``smollm2-tool-task/`` for ``tool_sum``,
+``smollm2-openai-agent/`` with ``--agent``: the command, the accuracy before and after, the intervals, the
+wall time, every validation point), ``<name>.png`` and the run's per-step metrics
+``<name>-metrics.jsonl``; extra ``key=value`` arguments are passed to ``rlcore train``.
 """
 
 from __future__ import annotations
@@ -22,6 +29,7 @@ import json
 import math
 import os
 import shlex
+import shutil
 import subprocess
 import sys
 import tempfile
@@ -36,6 +44,14 @@ TASKS = {
     "addition": ("smollm2-task", "smollm2-task-accuracy-cpu-", "accuracy on 200 held-out sums"),
     "tool_sum": ("smollm2-tool-task", "smollm2-tool-task-cpu-", "exact answers, 200 held-out (tool)"),
 }
+#: --agent -> (results folder, row name prefix) of the runs whose episodes an agent program drives.
+AGENT_PROGRAMS = {
+    "program": ("smollm2-openai-agent", "smollm2-openai-agent-cpu-"),
+    "command": ("smollm2-openai-agent", "smollm2-openai-agent-command-cpu-"),
+}
+AGENT_TASKS = ("tool_sum",)
+#: The example agent (the ``openai`` package only) and its folder, put on PYTHONPATH for ``--agent program``.
+EXAMPLE_AGENTS = Path(__file__).resolve().parents[1] / "examples" / "agents"
 HELD_OUT = 200
 MISMATCH_KEYS = ("sync/", "rollout/logprob_diff", "rollout/mismatch")
 Z95 = 1.959964
@@ -65,13 +81,26 @@ def main(argv: list[str] | None = None) -> int:
         default=str(Path(sys.executable).with_name("rlcore")),
         help="the rlcore command (split like a shell line: the GPU stage runs it through python3 -c)",
     )
+    parser.add_argument(
+        "--agent",
+        choices=["loop", *AGENT_PROGRAMS],
+        default="loop",
+        help="who drives a tool_sum episode: the built-in loop, or examples/agents/calculator_agent.py as "
+        "agent.program (in the rollout worker) or agent.command (a process per episode)",
+    )
     parser.add_argument("--row", help="row name (default: the task's row prefix, then NAME)")
     parser.add_argument("--results", type=Path, help="where NAME.json and NAME.png go")
     parser.add_argument("overrides", nargs="*", help="extra key=value overrides for rlcore train")
     args = parser.parse_args(argv)
     folder, row_prefix, y_label = TASKS[args.task]
+    agent_overrides, env = agent_program(args.agent)
+    if agent_overrides:
+        if args.task not in AGENT_TASKS:
+            parser.error(f"--agent {args.agent} needs an agent task ({', '.join(AGENT_TASKS)})")
+        folder, row_prefix = AGENT_PROGRAMS[args.agent]
     results = args.results or RESULTS / folder
     task = f"data.train_files=[builtin:{args.task}/train.jsonl]"
+    overrides = [*agent_overrides, *args.overrides]
 
     out = Path(tempfile.mkdtemp(prefix="smollm2-task-"))
     command = [
@@ -80,11 +109,12 @@ def main(argv: list[str] | None = None) -> int:
         task,
         f"trainer.output_dir={out}",
         f"trainer.experiment_name={args.name}",
-        *args.overrides,
+        *overrides,
     ]
-    print("$ rlcore train", " ".join(command[command.index("train") + 1 :]), flush=True)
+    prefix = "".join(f"{k}={v} " for k, v in env.items())
+    print(f"$ {prefix}rlcore train", " ".join(command[command.index("train") + 1 :]), flush=True)
     start = time.perf_counter()
-    proc = subprocess.run(command)
+    proc = subprocess.run(command, env={**os.environ, **env})
     wall = time.perf_counter() - start
     if proc.returncode != 0:
         print(
@@ -98,7 +128,8 @@ def main(argv: list[str] | None = None) -> int:
     result = {
         "row": args.row or f"{row_prefix}{args.name}",
         "task": args.task,
-        "command": "rlcore train " + " ".join([task, *args.overrides]),
+        "agent": args.agent,
+        "command": prefix + "rlcore train " + " ".join([task, *overrides]),
         "held_out": HELD_OUT,
         "before": before,
         "after": after,
@@ -113,11 +144,18 @@ def main(argv: list[str] | None = None) -> int:
         "mismatch": [
             {k: v for k, v in r.items() if k == "step" or k.startswith(MISMATCH_KEYS)} for r in records
         ],
+        # How the episodes went each step (stop reasons, requests, history edits ...).
+        "agent_metrics": [
+            {k: v for k, v in r.items() if k == "step" or k.startswith(("agent/", "val/agent/"))}
+            for r in records
+            if any(k.startswith(("agent/", "val/agent/")) for k in r)
+        ],
         "cpus": os.cpu_count(),
         "hardware": hardware(),
     }
     results.mkdir(parents=True, exist_ok=True)
     (results / f"{args.name}.json").write_text(json.dumps(result, indent=1) + "\n")
+    shutil.copyfile(out / args.name / METRICS_FILE, results / f"{args.name}-metrics.jsonl")
     plot(result, results / f"{args.name}.png", y_label)
     print(
         f"held-out accuracy {before:.3f} -> {after:.3f} ({result['gain_points']:+.1f} points, 95% CI "
@@ -125,6 +163,17 @@ def main(argv: list[str] | None = None) -> int:
         f"{wall / 60:.1f} min wall; {results / (args.name + '.json')}"
     )
     return 0
+
+
+def agent_program(agent: str) -> tuple[list[str], dict[str, str]]:
+    """The ``rlcore train`` overrides and environment variables that make the example agent program
+    (``examples/agents/calculator_agent.py``) drive the episodes; none for the built-in loop."""
+    if agent == "program":
+        path = os.pathsep.join(p for p in (str(EXAMPLE_AGENTS), os.environ.get("PYTHONPATH")) if p)
+        return ["agent.program=calculator_agent:agent"], {"PYTHONPATH": path}
+    if agent == "command":
+        return [f"agent.command=[{sys.executable}, {EXAMPLE_AGENTS / 'calculator_agent.py'}]"], {}
+    return [], {}
 
 
 def hardware() -> str:

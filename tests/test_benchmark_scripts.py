@@ -414,3 +414,31 @@ def test_defaults_vs_tuned_report_pairs_runs_and_sets_the_machines_first_runs_ap
     assert summary["tuned_pooled"]["step"]["median"] == pytest.approx(12.25)
     assert summary["defaults_pooled"]["step"]["median"] == pytest.approx((15.0 + 11.6) / 2)
     assert (tmp_path / "phases.png").stat().st_size > 0
+
+
+def test_smollm2_task_agent_option_runs_tool_sum_through_the_example_openai_agent(tmp_path):
+    """``benchmarks/smollm2_task_cpu.py --agent``: the overrides make the example agent program drive the
+    ``tool_sum`` episodes (validation included: it is the same generate), the module is importable with the
+    ``PYTHONPATH`` given, and a task without tools is refused."""
+    sys.path.insert(0, str(ROOT / "benchmarks"))
+    import smollm2_task_cpu
+    from rlcore.config import load_config
+
+    assert smollm2_task_cpu.agent_program("loop") == ([], {})
+    overrides, env = smollm2_task_cpu.agent_program("program")
+    assert overrides == ["agent.program=calculator_agent:agent"]
+    assert env["PYTHONPATH"].split(":")[0] == str(ROOT / "examples" / "agents")
+    config = load_config(overrides=["data.train_files=[builtin:tool_sum/train.jsonl]", *overrides])
+    assert config.agent.enabled and config.agent.uses_program and config.agent.max_turns == 2
+    (command,), _ = smollm2_task_cpu.agent_program("command")
+    config = load_config(overrides=["data.train_files=[builtin:tool_sum/train.jsonl]", command])
+    assert config.agent.command == [sys.executable, str(ROOT / "examples" / "agents" / "calculator_agent.py")]
+    code = (
+        "import sys; sys.path.insert(0, sys.argv[1]); import calculator_agent; print(calculator_agent.agent)"
+    )
+    done = subprocess.run(
+        [sys.executable, "-c", code, env["PYTHONPATH"].split(":")[0]], capture_output=True, text=True
+    )
+    assert done.returncode == 0 and "function agent" in done.stdout, done.stderr[-2000:]
+    with pytest.raises(SystemExit):
+        smollm2_task_cpu.main(["--task", "addition", "--agent", "program", "--results", str(tmp_path)])
