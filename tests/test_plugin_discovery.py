@@ -23,6 +23,7 @@ import textwrap
 from pathlib import Path
 
 import pytest
+from rlcore.api import API_VERSION
 
 PACKAGES = Path(__file__).parent / "plugin_packages"
 BOOM = "RuntimeError: rlcore-test-boom is broken on purpose: libboom.so not found"
@@ -96,10 +97,10 @@ def test_plugins_json_reports_each_plugin(site):
     assert future["status"] == "failed" and future["registers"] == {} and future["api_range"] is None
     assert future["error"] == (
         "IncompatiblePlugin: plugin 'future' (rlcore-test-future 0.0.1, module rlcore_test_future.plugin) "
-        "supports rlcore plugin API >=2.0,<3, but rlcore 0.1.0 provides API 1.0, so it was not loaded. "
+        f"supports rlcore plugin API >=2.0,<3, but rlcore 0.1.0 provides API {API_VERSION}, so it was not loaded. "
         "The plugin is newer than this rlcore: upgrade rlcore to one that provides an API in >=2.0,<3 "
         f"(`{sys.executable} -m pip install -U rlcore`), or install a release of rlcore-test-future that "
-        "supports API 1.0."
+        f"supports API {API_VERSION}."
     )
 
     # the others still load: core's own engine plugins and the built-ins
@@ -147,7 +148,7 @@ def test_plugins_table_shows_the_failure(site):
     lines = proc.stdout.splitlines()
     block = lines[lines.index("echo (rlcore-test-echo 0.0.1): loaded") :][:5]
     assert block[1].split() == ["train", "engines", "echo"]
-    assert block[2].split() == ["api", ">=1.0,<2", "(rlcore", "provides", "1.0)"]
+    assert block[2].split() == ["api", ">=1.0,<2", "(rlcore", "provides", f"{API_VERSION})"]
     assert block[3].startswith("  requires ") and "rlcore>=0.1 (0.1.0), packaging>=20 (" in block[3]
     assert block[4].split() == ["extra", "fancy", "rlcore-test-absent>=1", "(not", "installed)"]
     start = lines.index("boom (rlcore-test-boom 0.0.1): failed, 1 requirement not met")
@@ -163,7 +164,7 @@ def test_a_refused_plugins_engine_quotes_the_refusal(site):
     assert proc.returncode == 2, proc.stderr
     assert "unknown train engine 'future'" in proc.stderr
     assert "Plugin 'future' is installed but failed to load, which is why" in proc.stderr
-    assert "supports rlcore plugin API >=2.0,<3, but rlcore 0.1.0 provides API 1.0" in proc.stderr
+    assert f"supports rlcore plugin API >=2.0,<3, but rlcore 0.1.0 provides API {API_VERSION}" in proc.stderr
     assert "Traceback (most recent call last)" not in proc.stderr
 
 

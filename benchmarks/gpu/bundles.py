@@ -98,7 +98,7 @@ BUNDLES: dict[str, Bundle] = {
                 (
                     "vllm==0.25.0 blake3 cachetools pydantic==2.14.3 pydantic-core==2.50.4 annotated-types "
                     "typing-inspection openai<3 distro jiter sniffio fastapi<0.137,>=0.133 starlette msgspec pyzmq "
-                    "cbor2 partial-json-parser lark==1.2.2 compressed-tensors==0.17.0 depyf==0.20.0 astor dill gguf "
+                    "cbor2 partial-json-parser lark==1.2.2 compressed-tensors==0.17.0 loguru depyf==0.20.0 astor dill gguf "
                     "setproctitle pybase64 ijson python-json-logger watchfiles diskcache==5.6.3 "
                     "prometheus-fastapi-instrumentator mistral_common>=1.11.5 pycountry pydantic-extra-types "
                     "outlines_core==0.2.14 lm-format-enforcer==0.11.3 interegular openai-harmony"

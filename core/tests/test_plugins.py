@@ -104,7 +104,7 @@ def test_import_failure_is_reported_and_others_load(install):
         (None, "does not declare RLCORE_PLUGIN_API, the range of rlcore plugin API versions it supports"),
         (
             99,
-            "supports rlcore plugin API >=99.0,<100, but rlcore 0.1.0 provides API 1.0, so it was not loaded",
+            f"supports rlcore plugin API >=99.0,<100, but rlcore 0.1.0 provides API {rlcore.API_VERSION}, so it was not loaded",
         ),
         (">=0.1,<1", "The plugin was built for an older API: upgrade it (`" + sys.executable + " -m pip"),
         ("1", "sets RLCORE_PLUGIN_API = '1', which is not a version range; write one such as"),

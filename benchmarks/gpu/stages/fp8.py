@@ -57,4 +57,10 @@ STAGES = [
         "rollout.engine=sglang rollout.quantization=fp8",
         "sglang",
     ),
+    _recipe(
+        "sglang-fp8-rerun",
+        "its re-run with trainer.seed=1",
+        "rollout.engine=sglang rollout.quantization=fp8 trainer.seed=1",
+        "sglang",
+    ),
 ]
