@@ -369,3 +369,41 @@ def test_a_planted_broken_sync_of_one_smollm2_layer_stops_at_the_trained_sync(
     print(result.error.splitlines()[0])
     assert "training stopped at step 1 in phase 'sync_weights': WeightSyncMismatch" in result.error
     assert "(floor " in result.error and "part of the weight stream was not applied" in result.error
+
+
+@pytest.fixture
+def fp8_engine():
+    """The FP8-rounding HF rollout (rlcore.testing.fp8_sim), registered as a plugin would be."""
+    from rlcore.plugins import registry
+    from rlcore.testing.fp8_sim import FP8SimHF
+
+    rollouts = registry("rollout_engines")
+    rollouts.register("fp8sim", FP8SimHF, plugin="rlcore-fp8sim", config=HFRolloutConfig)
+    yield
+    rollouts.remove_plugin("rlcore-fp8sim")
+
+
+def test_an_fp8_rollout_trains_through_the_check_at_temperature(model_path, tmp_path, fp8_engine):
+    """``rollout.quantization: fp8`` end to end on the CPU, where no FP8 kernels exist: the simulated FP8
+    rollout (weights and linear inputs rounded through e4m3, again after every sync) against the fp32 FSDP
+    trainer at T=0.7 trains through the check at its float8 defaults. Its floor is above bf16's
+    (0.025-0.033 here) and the trained sync stays under its bound. (Its gap's slope, 0.2 of T - 1 here, is
+    under the temperature test's 0.25; the GPU's FP8 engine's was 0.43: test_sync_check.py has that case.)"""
+    result = _one_step_run(
+        model_path,
+        tmp_path,
+        "fp8",
+        "rollout.engine=fp8sim",
+        "rollout.quantization=fp8",
+        "rollout.dtype=bfloat16",
+        "rollout.temperature=0.7",
+    )
+    assert result.ok, result.error
+    checked = [r for r in result.history if "sync/bound" in r]
+    for r in checked:
+        print({k: round(v, 4) for k, v in r.items() if k.startswith("sync/")})
+    assert len(checked) == 2  # the initial sync and the trained one
+    floor = checked[0]["sync/floor"]
+    assert 0.05 < floor < 0.5, floor  # 0.098 measured: FP8's rounding, above bf16's noise
+    assert checked[0]["sync/bound"] == 1.5  # the float8 cap at the initial sync
+    assert checked[1]["sync/logprob_diff_trimmed"] <= checked[1]["sync/bound"]

@@ -415,6 +415,7 @@ def sync_weights(ctx: StepContext) -> dict[str, float]:
                         value=found["sync/logprob_diff_trimmed"],
                         temperature=params.temperature,
                         filtered=filtered,
+                        quantized=cfg.rollout.quantization is not None,
                     )
                     check_against_floor(
                         found,
@@ -430,6 +431,7 @@ def sync_weights(ctx: StepContext) -> dict[str, float]:
                             train_dtype=cfg.model.dtype,
                             dtype_gap=DTYPE_GAP,
                             value=found["sync/logprob_diff_trimmed"],
+                            quantized=cfg.rollout.quantization is not None,
                         ),
                         train_engine=_label("train_engines", cfg.engine),
                         rollout_engine=_label("rollout_engines", cfg.rollout.engine),

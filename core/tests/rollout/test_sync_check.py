@@ -165,3 +165,20 @@ def test_a_gap_with_a_mistakes_shape_stops_under_the_bound():
     message = str(info.value)
     assert "is within the bound 0.3, but the gap has the shape of a known mistake" in message
     assert "Diagnosis: planted mistake." in message
+
+
+@pytest.mark.parametrize("above_share", [0.5, 0.65, 0.79])
+def test_a_quantized_rollouts_noise_is_not_the_temperature_mistake(above_share):
+    """The gap SGLang's FP8 rollout gave on SmolLM2 at its initial sync (T=0.7, one H200, same weights on
+    both sides): trimmed mean 0.2048 over 233 tokens, slope -0.129 (QUANTIZED_SLOPE), 0.43 of T - 1. Its
+    above share was not recorded; any value under the argmax test's 0.8 gives the same answers. Without
+    rollout.quantization it is the temperature mistake, which stopped that healthy run; with it, not.
+    The argmax shape stops a quantized rollout still."""
+    from rlcore.rollout.sync_check import QUANTIZED_SLOPE, shape_mistake
+
+    measured = {"above_share": above_share, "differing": 233.0, "slope": QUANTIZED_SLOPE}
+    args = dict(value=0.2048, temperature=0.7, filtered=False)
+    assert "ignores the temperature" in shape_mistake(measured, **args)
+    assert shape_mistake(measured, **args, quantized=True) is None
+    argmax = _shapes(0.7)["argmax"]
+    assert "(argmax)" in shape_mistake(argmax, **args, quantized=True)
