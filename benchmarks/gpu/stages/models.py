@@ -168,4 +168,29 @@ STAGES += [
         "rollout.engine=vllm trainer.seed=1",
         False,
     ),
+    # Issue 53: LoRA on the Megatron engine (the adapter-only sync into each rollout), the documented recipe.
+    _env_stage(
+        "megatron-sglang-lora",
+        "Megatron + SGLang (its own environment), the LoRA recipe, the adapter loaded by SGLang",
+        f"rollout.engine=sglang {SGLANG_ENV} {LORA}",
+        True,
+    ),
+    _env_stage(
+        "megatron-vllm-lora",
+        "Megatron + vLLM, the LoRA recipe, the adapter loaded by vLLM",
+        f"rollout.engine=vllm {LORA}",
+        False,
+    ),
+    _env_stage(
+        "megatron-sglang-lora-rerun",
+        "its re-run with trainer.seed=1",
+        f"rollout.engine=sglang {SGLANG_ENV} {LORA} trainer.seed=1",
+        True,
+    ),
+    _env_stage(
+        "megatron-vllm-lora-rerun",
+        "its re-run with trainer.seed=1",
+        f"rollout.engine=vllm {LORA} trainer.seed=1",
+        False,
+    ),
 ]

@@ -110,7 +110,8 @@ def _dropout(instance: Any, attribute: attrs.Attribute, value: float) -> None:
 
 @attrs.define(kw_only=True)
 class LoraConfig:
-    """A LoRA adapter trained instead of the full policy (PEFT on the FSDP engine). The base weights stay
+    """A LoRA adapter trained instead of the full policy (PEFT on the FSDP engine, its own on the Megatron
+    engine: dense models, no sequence parallelism). The base weights stay
     frozen; the reference policy is the base with the adapter switched off, so no second model is loaded;
     checkpoints hold the adapter; rollouts that serve adapters (vLLM on GPUs) receive the adapter alone at each
     sync, others the merged weights."""

@@ -103,6 +103,16 @@ def check_safe(target: Path) -> None:
             load_value(data, str(file))
 
 
+def common(path: str | Path) -> dict:
+    """The common part of the checkpoint at ``path`` (``{}`` where there is none), read as data only."""
+    file = Path(path) / "dist" / "common.pt"
+    if not file.is_file():
+        return {}
+    with open(file, "rb") as data:
+        value = load_value(data, str(file))
+    return value.get("common", {}) if isinstance(value, dict) else {}
+
+
 def load(path: str | Path, model, optimizer) -> dict:
     """Restore what :func:`save` wrote into ``model`` and ``optimizer``; return ``common`` (collective)."""
     target = Path(path) / "dist"

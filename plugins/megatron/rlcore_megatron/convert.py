@@ -41,7 +41,8 @@ class ParamMap:
     """One Megatron parameter and the HF tensors it is made of.
 
     ``kind``: ``copy`` (same tensor), ``vocab`` (rows padded to the padded vocabulary), ``qkv`` or
-    ``gate_up`` (fused, see the module docstring). ``tp_dim``: the dimension split over
+    ``gate_up`` (fused, see the module docstring), ``stack`` (the HF tensors stacked along the rows, not
+    split over tensor-parallel ranks: a fused LoRA layer's ``A``, :mod:`rlcore_megatron.lora`). ``tp_dim``: the dimension split over
     tensor-parallel ranks, None where every rank holds all of it. ``owner``: :data:`FIRST`,
     :data:`LAST` or a global layer index, which decides the pipeline stage. ``aliases``: more HF names
     exported with the same tensor (``lm_head.weight`` of tied embeddings). ``export``: False for
@@ -166,7 +167,7 @@ def to_mcore(pm: ParamMap, hf_tensors: Sequence[torch.Tensor], shape: ModelShape
             v.reshape(groups, d, *rest),
         ]
         return torch.cat(per_group, dim=1).reshape(groups * (shape.heads_per_group + 2) * d, *rest)
-    if pm.kind == "gate_up":
+    if pm.kind in ("gate_up", "stack"):
         return torch.cat(hf_tensors)
     raise ValueError(f"unknown parameter kind {pm.kind!r} for {pm.mcore}")
 
@@ -185,6 +186,8 @@ def to_hf(pm: ParamMap, full: torch.Tensor, shape: ModelShape) -> list[torch.Ten
         return [q.reshape(-1, *rest), k.reshape(-1, *rest), v.reshape(-1, *rest)]
     if pm.kind == "gate_up":
         return list(full.chunk(2))
+    if pm.kind == "stack":
+        return list(full.chunk(len(pm.hf)))
     raise ValueError(f"unknown parameter kind {pm.kind!r} for {pm.mcore}")
 
 

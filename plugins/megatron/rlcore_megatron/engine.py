@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import contextlib
 from collections.abc import Callable, Iterator, Sequence
+from pathlib import Path
 from typing import Any
 
 import attrs
@@ -30,12 +31,13 @@ from megatron.core.optimizer import OptimizerConfig, get_megatron_optimizer
 from megatron.core.optimizer_param_scheduler import OptimizerParamScheduler
 from megatron.core.packed_seq_params import PackedSeqParams
 from megatron.core.pipeline_parallel import get_forward_backward_func
+from rlcore.adapters import write_peft_adapter
 from rlcore.api import Batch, DistInfo, EngineSpec, LossFn, TrainEngine, WeightBucket
 from rlcore.kernels.logits import linear_log_probs
 from rlcore.weights import bucketize
 from transformers import AutoConfig
 
-from rlcore_megatron import checkpoint
+from rlcore_megatron import checkpoint, lora
 from rlcore_megatron.architecture import model_shape
 from rlcore_megatron.attention import PackedRotary, PackedSequences
 from rlcore_megatron.compiled import compile_layers
@@ -77,6 +79,10 @@ from rlcore_megatron.sequences import (
 from rlcore_megatron.vocab_parallel import chunked_log_probs_and_entropy, log_probs_and_entropy
 
 HEAD_OUTPUTS = {"lm": ("log_probs", "entropy"), "value": ("values",), "score": ("scores",)}
+#: Outputs of an engine with a LoRA adapter: the base model's log-probs (the adapter off), for the KL term.
+LORA_OUTPUTS = ("base_log_probs",)
+#: The folder inside an exported model folder that holds the PEFT adapter (as the FSDP engine writes it).
+ADAPTER_FOLDER = "adapter"
 TAGS = ("weights", "grads", "optimizer")
 
 
@@ -147,11 +153,13 @@ class MegatronEngine(TrainEngine):
     ``dtype`` (float32/bfloat16), ``lr``, ``weight_decay``, ``betas``, ``grad_clip`` (0: no clipping),
     ``warmup_steps``, ``total_steps``, ``lr_schedule``, ``min_lr_ratio``, ``micro_batch_size``,
     ``max_tokens_per_micro_batch``, ``gradient_checkpointing`` (full recompute per layer),
-    ``temperature`` and ``seed``.
+    ``temperature``, ``seed`` and ``lora`` (a LoRA adapter on the decoder's linear layers, dense models
+    without sequence parallelism: :mod:`rlcore_megatron.lora`).
     """
 
     config_class = MegatronConfig
     heads = tuple(HEAD_OUTPUTS)
+    supports_lora = True
 
     def __init__(self, spec: EngineSpec, config: MegatronConfig | None, platform: Any, dist: DistInfo):
         super().__init__(spec, config if config is not None else MegatronConfig(), platform, dist)
@@ -226,12 +234,18 @@ class MegatronEngine(TrainEngine):
             init_missing=self._init_head,
             expert_offset=expert_offset,
         )
+        #: The LoRA adapters of this stage (``spec.lora``), else None.
+        self.adapters = (
+            self._add_adapters(module, stage[0] if stage else 0) if spec.lora is not None else None
+        )
         self.module = module.to(self.device)
         if cfg.compile:
             compile_layers(module)
         self.optimizer = self.scheduler = None
         if spec.trainable:
             self._setup_training()
+        elif self.adapters is not None:
+            raise ValueError("a LoRA adapter (EngineSpec.lora) needs a trainable engine")
         else:
             self.module.requires_grad_(False)
             self.model = self.module
@@ -249,6 +263,38 @@ class MegatronEngine(TrainEngine):
             )
 
     # -- construction ----------------------------------------------------------------------------
+    def _add_adapters(self, module, layer_offset: int) -> lora.Adapters:
+        """Freeze the loaded stage model and add the LoRA adapters (:mod:`rlcore_megatron.lora`)."""
+        spec = self.spec
+        lora.check_supported(
+            spec.lora,
+            self.shape,
+            sequence_parallel=self.tf_config.sequence_parallel,
+            impl=self.config.transformer_impl,
+        )
+        if "gate_proj" in lora.targeted_projections(spec.lora) or "up_proj" in lora.targeted_projections(
+            spec.lora
+        ):
+            # The split MLP computes linear_fc1 from its weight directly (rlcore_megatron.mlp), past the
+            # adapter: adapted MLPs keep megatron-core's class.
+            from megatron.core.transformer.mlp import MLP
+
+            from rlcore_megatron.mlp import SplitGateUpMLP
+
+            for sub in module.modules():
+                if type(sub) is SplitGateUpMLP:
+                    sub.__class__ = MLP
+        return lora.Adapters.add(
+            module,
+            spec.lora,
+            self.shape,
+            layer_offset=layer_offset,
+            tp_rank=self.layout.tp_rank,
+            tp_size=self.layout.tp_size,
+            seed=spec.seed,
+            dtype=self.dtype,
+        )
+
     def _init_head(self, param: torch.Tensor) -> None:
         """A fresh scalar head: normal(0, initializer_range) weight, zero bias; same on every rank."""
         if param.dim() == 1:
@@ -548,12 +594,32 @@ class MegatronEngine(TrainEngine):
 
     @torch.no_grad()
     def infer(self, batch: Batch, outputs: Sequence[str] = ("log_probs",)) -> Batch | None:
-        unknown = [o for o in outputs if o not in HEAD_OUTPUTS[self.spec.head]]
+        """See :meth:`rlcore.api.TrainEngine.infer`. With a LoRA adapter, ``base_log_probs`` are the frozen
+        base model's log-probs (the adapter off)."""
+        if isinstance(outputs, str):
+            outputs = [outputs]
+        base = [o for o in outputs if o in LORA_OUTPUTS]
+        if base and self.adapters is None:
+            raise ValueError(
+                f"infer outputs {base} need a LoRA adapter (EngineSpec.lora); this engine has none"
+            )
+        unknown = [o for o in outputs if o not in HEAD_OUTPUTS[self.spec.head] and o not in LORA_OUTPUTS]
         if unknown:
             raise ValueError(
                 f"head {self.spec.head!r} computes {', '.join(HEAD_OUTPUTS[self.spec.head])}, not {unknown}"
             )
         self._require("weights")
+        adapted = [o for o in outputs if o not in LORA_OUTPUTS]
+        result = self._infer(batch, adapted) if adapted else None
+        if base:
+            with self.adapters.disabled():
+                plain = self._infer(batch, ["log_probs"])
+            if plain is not None:
+                extra = {"base_log_probs": plain["log_probs"]}
+                result = Batch({**(dict(result.tensors) if result is not None else {}), **extra})
+        return result
+
+    def _infer(self, batch: Batch, outputs: Sequence[str]) -> Batch | None:
         plan, order = self._split(batch, self.config.infer_micro_batch_size or self.spec.micro_batch_size)
         zero = torch.zeros((), device=self.device)
 
@@ -569,8 +635,31 @@ class MegatronEngine(TrainEngine):
 
     # -- weights ---------------------------------------------------------------------------------
     def _named_hf(self, dtype: torch.dtype) -> Iterator[tuple[str, torch.Tensor]]:
+        """The model in HF names; with a LoRA adapter the merged weights ``W + scale * B A`` (in fp32,
+        cast once to ``dtype``)."""
         self._require("weights")
-        return hf_named_tensors(self.module, self.maps, self.shape, self.layout, dtype, self.device)
+        value = self.adapters.merged_value() if self.adapters is not None else None
+        return hf_named_tensors(self.module, self.maps, self.shape, self.layout, dtype, self.device, value)
+
+    def _adapter_hf(self, dtype: torch.dtype) -> Iterator[tuple[str, torch.Tensor]]:
+        """The LoRA adapter in HF/PEFT names (:func:`rlcore.adapters.adapter_name`); collective."""
+        if self.adapters is None:
+            raise NotImplementedError(
+                "export_adapter: this megatron engine trains no LoRA adapter (EngineSpec.lora)"
+            )
+        self._require("weights")
+        named = hf_named_tensors(
+            self.module, self.adapters.maps(), self.shape, self.layout, dtype, self.device
+        )
+        return self.adapters.exported(named)
+
+    def export_adapter(self, dtype: torch.dtype, bucket_bytes: int) -> Iterator[WeightBucket]:
+        named = self._adapter_hf(dtype)
+        if self.holds_output():
+            yield from bucketize(named, bucket_bytes, dtype)
+        else:
+            for _ in named:
+                pass
 
     def export_weights(self, dtype: torch.dtype, bucket_bytes: int) -> Iterator[WeightBucket]:
         named = self._named_hf(dtype)
@@ -598,6 +687,11 @@ class MegatronEngine(TrainEngine):
         else:
             for _ in named:
                 pass
+        if self.adapters is not None:
+            # Beside the merged weights, the adapter as PEFT saves it (peft.PeftModel.from_pretrained).
+            adapter = {n: t.cpu() for n, t in self._adapter_hf(self.dtype)}
+            if self.holds_output() and self.layout.dp_rank == 0:
+                write_peft_adapter(Path(path) / ADAPTER_FOLDER, adapter, self.spec.lora, self.spec.model_path)
         dist.barrier()
 
     # -- memory ----------------------------------------------------------------------------------
@@ -637,13 +731,20 @@ class MegatronEngine(TrainEngine):
     # -- checkpoints -----------------------------------------------------------------------------
     def save_checkpoint(self, path: str) -> None:
         self._require(*TAGS)
-        common = {"steps": self.steps}
+        common = {"steps": self.steps, "lora_rank": self.spec.lora.rank if self.spec.lora is not None else 0}
         if self.scheduler is not None:
             common["scheduler"] = self.scheduler.state_dict()
         checkpoint.save(path, self.module, self.optimizer, common)
 
     def load_checkpoint(self, path: str) -> None:
         self._require(*TAGS)
+        mine = self.spec.lora.rank if self.spec.lora is not None else 0
+        saved = checkpoint.common(path).get("lora_rank", 0)
+        if saved != mine:
+            raise ValueError(
+                f"checkpoint {path} was written with actor.lora.rank={saved}, but this run has "
+                f"actor.lora.rank={mine}; resume with the checkpoint's LoRA settings"
+            )
         common = checkpoint.load(path, self.module, self.optimizer)
         self.steps = common["steps"]
         if self.scheduler is not None:

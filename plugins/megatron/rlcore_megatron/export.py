@@ -22,9 +22,10 @@ from rlcore_megatron.hf_io import local_to_global
 from rlcore_megatron.parallel import Layout, pp_peer, tp_all_gather
 
 
-def _full(pm: ParamMap, param: torch.Tensor, layout: Layout, dtype) -> torch.Tensor:
-    """The whole Megatron tensor of ``pm`` from this rank's tensor-parallel part."""
-    local = param.detach().to(dtype)
+def _full(pm: ParamMap, param: torch.Tensor, layout: Layout, dtype, value=None) -> torch.Tensor:
+    """The whole Megatron tensor of ``pm`` from this rank's tensor-parallel part (``value(name, param)``
+    in place of the parameter where given)."""
+    local = (param.detach() if value is None else value(pm.mcore, param)).to(dtype)
     if pm.tp_dim is None or layout.tp_size == 1:
         return local
     group = None
@@ -36,14 +37,19 @@ def _full(pm: ParamMap, param: torch.Tensor, layout: Layout, dtype) -> torch.Ten
 
 
 def _layer_tensors(
-    maps: Sequence[ParamMap], params: dict[str, torch.Tensor], shape: ModelShape, layout: Layout, dtype
+    maps: Sequence[ParamMap],
+    params: dict[str, torch.Tensor],
+    shape: ModelShape,
+    layout: Layout,
+    dtype,
+    value=None,
 ) -> list[tuple[str, torch.Tensor]]:
     full: dict[str, torch.Tensor] = {}
     by_name = {pm.mcore: pm for pm in maps}
     for pm in maps:
         if pm.mcore not in params:
             continue  # an expert on another expert-parallel rank: gathered with this rank's counterpart
-        tensor = _full(pm, params[pm.mcore], layout, dtype)
+        tensor = _full(pm, params[pm.mcore], layout, dtype, value)
         if pm.expert is None or layout.ep_size == 1:
             full[pm.mcore] = tensor
             continue
@@ -88,8 +94,12 @@ def hf_named_tensors(
     layout: Layout,
     dtype: torch.dtype,
     device: torch.device,
+    value=None,
 ) -> Iterator[tuple[str, torch.Tensor]]:
-    """``(hf_name, full tensor in dtype)`` for the whole model, yielded on TP rank 0 of the last stage."""
+    """``(hf_name, full tensor in dtype)`` for the whole model, yielded on TP rank 0 of the last stage.
+    ``value(global name, param) -> tensor``: what to send for a parameter instead of itself (a LoRA
+    layer's merged weight, :meth:`rlcore_megatron.lora.Adapters.merged_value`), computed one layer at a
+    time."""
     offset = layout.stage_layers[layout.pp_rank][0] if layout.stage_layers[layout.pp_rank] else 0
     params = {local_to_global(n, offset, layout.expert_offset(shape)): p for n, p in model.named_parameters()}
     aliases = {pm.hf[0]: pm.aliases for pm in maps if pm.aliases}
@@ -101,7 +111,7 @@ def hf_named_tensors(
             group = list(group)
             named: list[tuple[str, torch.Tensor]] = []
             if layout.pp_rank == stage:
-                named = _layer_tensors(group, params, shape, layout, dtype)
+                named = _layer_tensors(group, params, shape, layout, dtype, value)
             if stage != last and layout.tp_rank == 0:
                 if layout.pp_rank == stage:
                     _send(named, pp_peer(last))
