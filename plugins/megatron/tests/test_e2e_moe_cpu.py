@@ -9,17 +9,12 @@ the Ray workers get it); everything else is the product's code path.
 from __future__ import annotations
 
 import json
-import os
 import subprocess
-import sys
-from pathlib import Path
 
 import pytest
+from mcore_testlib import RLCORE, megatron_cpu_env
 
 pytestmark = pytest.mark.distributed
-
-RLCORE = Path(sys.executable).with_name("rlcore")
-SITE = Path(__file__).parent / "cpu_site"
 
 
 def test_rlcore_train_with_megatron_trains_a_mixture_of_experts(tmp_path):
@@ -28,14 +23,7 @@ def test_rlcore_train_with_megatron_trains_a_mixture_of_experts(tmp_path):
     model = build_tiny_model(
         tmp_path / "qwen3_moe", architecture="qwen3_moe", hidden_size=64, intermediate_size=64, num_layers=2
     )
-    env = {
-        **os.environ,
-        "PYTHONPATH": os.pathsep.join([str(SITE), os.environ.get("PYTHONPATH", "")]),
-        "RLCORE_TEST_MEGATRON_ON_CPU": "1",
-        "RLCORE_CACHE_DIR": str(tmp_path / "cache"),
-        "COLUMNS": "200",
-    }
-    env.pop("RAY_ADDRESS", None)
+    env = megatron_cpu_env(tmp_path)
     args = [
         str(RLCORE),
         "train",
