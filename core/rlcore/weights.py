@@ -114,15 +114,22 @@ class WeightLayout:
     def from_pretrained(cls, model_path: str) -> WeightLayout:
         """Read from the checkpoint's config, with the model built on the meta device (no memory, no
         weights read); names and shapes are the checkpoint's (:class:`CheckpointFormat`)."""
-        from transformers import AutoConfig, AutoModelForCausalLM
+        from transformers import AutoConfig
+
+        from rlcore.vision.inputs import model_class
 
         config = AutoConfig.from_pretrained(model_path)
         with torch.device("meta"):
-            model = AutoModelForCausalLM.from_config(config)
+            model = model_class(model_path).from_config(config)
         form = CheckpointFormat(model)
         by_tensor: dict[int, list[str]] = {}
         for name, param in model.named_parameters(remove_duplicate=False):
             by_tensor.setdefault(id(param), []).append(name)
+        # A tied tensor the checkpoint only renames (a VLM's ``model.language_model.embed_tokens`` is
+        # ``model.embed_tokens`` there) is tied under its checkpoint name; one stored in another layout
+        # (split or fused) cannot be checked.
+        renamed = {name: parts[0] for name, parts in form.converted.items() if len(parts) == 1}
+        by_tensor = {key: [renamed.get(n, n) for n in names] for key, names in by_tensor.items()}
         ties = {name: tuple(names) for names in by_tensor.values() if len(names) > 1 for name in names}
         if any(name in form.converted for name in ties):
             raise NotImplementedError(

@@ -100,7 +100,13 @@ class RolloutEngine(abc.ABC):
 
     @abc.abstractmethod
     def generate(self, prompts: Sequence[Sequence[int]], params: SamplingParams) -> list[list[Completion]]:
-        """Sample ``params.n`` completions per prompt; ``result[i][j]`` is prompt ``i``'s ``j``-th."""
+        """Sample ``params.n`` completions per prompt; ``result[i][j]`` is prompt ``i``'s ``j``-th.
+
+        An engine that serves vision-language models also takes ``multi_modal=[{"image": [PIL.Image, ...]}
+        or None, ...]``, one entry per prompt (:mod:`rlcore.vision`): such a prompt holds one image token per
+        image, as the chat template wrote it, and its completions' ``prompt_ids`` are the prompt with each
+        image token expanded to the image's tokens (what the model read, and what a trainer trains on).
+        rlcore passes ``multi_modal`` only when a prompt has images, so text-only engines need not take it."""
 
     @abc.abstractmethod
     async def agenerate(self, prompt: Sequence[int], params: SamplingParams) -> list[Completion]:

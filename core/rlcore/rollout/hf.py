@@ -12,6 +12,11 @@ concatenation and whose sampler (``torch.multinomial``) draws a random number pe
 sample the same distribution and record the same log-probs; on the tiny CPU model of
 ``benchmarks/hf_decode.py`` the loop takes about 0.6x the time of ``generate``.
 
+Images (a vision-language model folder, :mod:`rlcore.vision`): prompts with images decode by
+``generate`` whatever ``hf.decode`` says, because their rotary positions are the model's own 3-D ones
+(M-RoPE), which rlcore's loop does not compute. Each prompt's image tokens are expanded by the folder's
+processor, and ``Completion.prompt_ids`` is the expanded prompt.
+
 Log-probs. ``Completion.log_probs[i]`` is ``log_softmax(logits / temperature)`` of the sampled token,
 computed in float32 from the raw logits *before* top-k / top-p filtering: exactly what a train engine
 computes from a forward pass over prompt + response (``EngineSpec.temperature``), so the two agree up to
@@ -28,6 +33,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import difflib
+import functools
 import random
 import threading
 from collections.abc import Iterable, Iterator, Mapping, Sequence
@@ -35,7 +41,6 @@ from concurrent.futures import ThreadPoolExecutor
 
 import torch
 from transformers import (
-    AutoModelForCausalLM,
     AutoTokenizer,
     DynamicCache,
     GenerationConfig,
@@ -62,6 +67,7 @@ from rlcore.api import (
 )
 from rlcore.rollout.config import HFRolloutConfig
 from rlcore.rollout.stopping import StopStrings, finish_response
+from rlcore.vision.inputs import VisionInputs, check_multi_modal, model_class
 from rlcore.weights import CheckpointFormat, assemble
 
 
@@ -85,7 +91,10 @@ class HFRollout(RolloutEngine):
             "dtype": dtype,
             "attn_implementation": config.attn_implementation or platform.attention_implementation(),
         }
-        self.model = AutoModelForCausalLM.from_pretrained(spec.model_path, **kwargs).to(self.device).eval()
+        model_cls = model_class(spec.model_path)
+        self.model = model_cls.from_pretrained(spec.model_path, **kwargs).to(self.device).eval()
+        #: The folder's processor when the model reads images (else None).
+        self.vision = VisionInputs.for_model(spec.model_path)
         self.eos_ids = _eos_ids(self.model.generation_config, self.tokenizer)
         pad = self.tokenizer.pad_token_id
         self.pad_id = pad if pad is not None else self.eos_ids[0]
@@ -103,12 +112,22 @@ class HFRollout(RolloutEngine):
         self._released: set[str] = set()
 
     # -- generation ------------------------------------------------------------------------------
-    def generate(self, prompts: Sequence[Sequence[int]], params: SamplingParams) -> list[list[Completion]]:
+    def generate(
+        self,
+        prompts: Sequence[Sequence[int]],
+        params: SamplingParams,
+        *,
+        multi_modal: Sequence[Mapping | None] | None = None,
+    ) -> list[list[Completion]]:
         check_sampling(params)
+        media = check_multi_modal(multi_modal, len(prompts), self.vision, engine="hf")
+        if media is not None:
+            prompts = [self.vision.expand(p, m) for p, m in zip(prompts, media, strict=True)]
         checked = check_prompts(
             prompts, params, vocab_size=self.vocab_size, max_model_len=self.spec.max_model_len, engine="hf"
         )
         rows = [p for p in checked for _ in range(params.n)]
+        row_media = None if media is None else [m for m in media for _ in range(params.n)]
         with self._lock:
             if "weights" in self._released:
                 raise RuntimeError(
@@ -116,7 +135,7 @@ class HFRollout(RolloutEngine):
                 )
             seed = params.seed if params.seed is not None else self._seeds.randrange(2**63)
             out: list[Completion] = []
-            if self.config.decode == "loop":
+            if self.config.decode == "loop" and media is None:
                 # The loop draws from its own generator: the process's RNG is never touched.
                 rng = torch.Generator(device=self.device).manual_seed(seed)
                 seeded = contextlib.nullcontext()
@@ -125,20 +144,32 @@ class HFRollout(RolloutEngine):
             with seeded, torch.inference_mode():
                 for start in range(0, len(rows), self.config.batch_size):
                     chunk = rows[start : start + self.config.batch_size]
-                    out.extend(self._generate_chunk(chunk, params, rng))
+                    chunk_media = (
+                        None if row_media is None else row_media[start : start + self.config.batch_size]
+                    )
+                    out.extend(self._generate_chunk(chunk, params, rng, chunk_media))
         n = params.n
         return [out[i * n : (i + 1) * n] for i in range(len(prompts))]
 
-    async def agenerate(self, prompt: Sequence[int], params: SamplingParams) -> list[Completion]:
+    async def agenerate(
+        self, prompt: Sequence[int], params: SamplingParams, *, multi_modal: Mapping | None = None
+    ) -> list[Completion]:
         loop = asyncio.get_running_loop()
-        result = await loop.run_in_executor(self._executor, self.generate, [prompt], params)
+        media = None if multi_modal is None else [multi_modal]
+        call = functools.partial(self.generate, [prompt], params, multi_modal=media)
+        result = await loop.run_in_executor(self._executor, call)
         return result[0]
 
     def _generate_chunk(
-        self, rows: list[list[int]], params: SamplingParams, generator: torch.Generator | None
+        self,
+        rows: list[list[int]],
+        params: SamplingParams,
+        generator: torch.Generator | None,
+        media: list[Mapping | None] | None = None,
     ) -> list[Completion]:
         """Sample one chunk. Rows are left-padded to a common width ``W``; both decode paths derive position
-        ids from the attention mask, so each row sees the positions it would see alone."""
+        ids from the attention mask, so each row sees the positions it would see alone (the model's own
+        M-RoPE positions with ``media``, the rows' images, through ``generate``)."""
         width = max(len(r) for r in rows)
         input_ids = torch.full((len(rows), width), self.pad_id, dtype=torch.long)
         attention_mask = torch.zeros((len(rows), width), dtype=torch.long)
@@ -146,7 +177,11 @@ class HFRollout(RolloutEngine):
             input_ids[i, width - len(row) :] = torch.tensor(row)
             attention_mask[i, width - len(row) :] = 1
         input_ids, attention_mask = input_ids.to(self.device), attention_mask.to(self.device)
-        if generator is None:
+        if media is not None:
+            pixels = self.vision.batch_inputs(input_ids, media)
+            pixels = {k: v.to(self.device) for k, v in pixels.items()}
+            generated, log_probs = self._hf_generate(input_ids, attention_mask, params, pixels)
+        elif generator is None:
             generated, log_probs = self._hf_generate(input_ids, attention_mask, params)
         else:
             generated, log_probs = self._decode_loop(input_ids, attention_mask, params, generator)
@@ -173,10 +208,15 @@ class HFRollout(RolloutEngine):
         return completions
 
     def _hf_generate(
-        self, input_ids: torch.Tensor, attention_mask: torch.Tensor, params: SamplingParams
+        self,
+        input_ids: torch.Tensor,
+        attention_mask: torch.Tensor,
+        params: SamplingParams,
+        extra: Mapping[str, torch.Tensor] | None = None,
     ) -> tuple[torch.Tensor, torch.Tensor]:
         """``decode: generate``: ``model.generate`` with a log-prob recording processor. Returns the generated
-        tokens ``[b, T]`` (rows that ended early run on with padding) and their log-probs, on the CPU."""
+        tokens ``[b, T]`` (rows that ended early run on with padding) and their log-probs, on the CPU.
+        ``extra``: the model's image inputs (``pixel_values``, ``image_grid_thw``, ``mm_token_type_ids``)."""
         width = input_ids.shape[1]
         greedy = params.temperature == 0
         recorder = _LogProbRecorder(1.0 if greedy else params.temperature)
@@ -204,6 +244,7 @@ class HFRollout(RolloutEngine):
             generation_config=gen_config,
             logits_processor=processors,
             stopping_criteria=stopping,
+            **(extra or {}),
         )
         generated = sequences[:, width:]
         return generated.cpu(), recorder.result(generated)

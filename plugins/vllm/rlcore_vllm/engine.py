@@ -24,7 +24,7 @@ import asyncio
 import contextlib
 import logging
 import os
-from collections.abc import Iterable, Iterator, Sequence
+from collections.abc import Iterable, Iterator, Mapping, Sequence
 from concurrent.futures import Future
 from typing import Any
 
@@ -44,6 +44,8 @@ from rlcore.api import (
     request_seeds,
     rollout_dtype,
 )
+from rlcore.vision import VisionInputs, check_multi_modal
+from rlcore.vision.inputs import images_of
 from rlcore.weights import assemble
 
 from rlcore_vllm import adapters, memory
@@ -137,6 +139,8 @@ class VLLMRollout(RolloutEngine):
                 vllm_config = llm.llm_engine.vllm_config
                 #: Decodes responses the engine did not detokenize (:func:`~rlcore_vllm.sampling.to_vllm`).
                 self.tokenizer = llm.get_tokenizer()
+            #: The folder's processor when the model reads images (vLLM expands their tokens itself).
+            self.vision = VisionInputs.for_model(spec.model_path)
             self.weights = ModelWeights.from_pretrained(spec.model_path, packed, experts)
             #: ``direct`` or ``reload``: how weight loads reach the parameters (``vllm.weight_write``).
             self.weight_write = self._plan_weight_write(config.weight_write)
@@ -178,19 +182,26 @@ class VLLMRollout(RolloutEngine):
         return "reload"
 
     # -- generation ------------------------------------------------------------------------------
-    def generate(self, prompts: Sequence[Sequence[int]], params: SamplingParams) -> list[list[Completion]]:
+    def generate(
+        self,
+        prompts: Sequence[Sequence[int]],
+        params: SamplingParams,
+        *,
+        multi_modal: Sequence[Mapping | None] | None = None,
+    ) -> list[list[Completion]]:
         rows = self._check_request(prompts, params)
+        requests = self._with_media(rows, multi_modal)
         self._prefix_cache_dirty = True
         if params.seed is not None and self.config.seeding == "batch":
             unseeded = to_vllm(params, None)
             futures = self._loop.submit_many(
-                [(row, unseeded) for row in rows for _ in range(params.n)], params.seed
+                [(row, unseeded) for row in requests for _ in range(params.n)], params.seed
             )
         else:
             futures = self._loop.submit_many(
                 [
                     (row, to_vllm(params, seed))
-                    for i, row in enumerate(rows)
+                    for i, row in enumerate(requests)
                     for seed in request_seeds(params, i)
                 ]
             )
@@ -200,17 +211,20 @@ class VLLMRollout(RolloutEngine):
             for f in futures:
                 f.cancel()
             raise
-        completions = self._completions([row for row in rows for _ in range(params.n)], outputs, params)
+        completions = self._completions([row for row in requests for _ in range(params.n)], outputs, params)
         n = params.n
         return [completions[i * n : (i + 1) * n] for i in range(len(rows))]
 
-    async def agenerate(self, prompt: Sequence[int], params: SamplingParams) -> list[Completion]:
+    async def agenerate(
+        self, prompt: Sequence[int], params: SamplingParams, *, multi_modal: Mapping | None = None
+    ) -> list[Completion]:
         """One prompt's ``n`` samples, awaited. Many calls may be in flight; the engine batches them with
         each other and with ``generate`` calls. Cancelling the awaiting task aborts its requests."""
         (row,) = self._check_request([prompt], params)
+        (request,) = self._with_media([row], None if multi_modal is None else [multi_modal])
         self._prefix_cache_dirty = True
         futures: list[Future] = self._loop.submit_many(
-            [(row, to_vllm(params, seed)) for seed in request_seeds(params, 0)]
+            [(request, to_vllm(params, seed)) for seed in request_seeds(params, 0)]
         )
         try:
             outputs = await asyncio.gather(*(asyncio.wrap_future(f) for f in futures))
@@ -218,13 +232,32 @@ class VLLMRollout(RolloutEngine):
             for f in futures:  # a failed or cancelled sample takes its siblings with it
                 f.cancel()
             raise
-        return self._completions([row] * len(outputs), outputs, params)
+        return self._completions([request] * len(outputs), outputs, params)
+
+    def _with_media(
+        self, rows: list[list[int]], multi_modal: Sequence[Mapping | None] | None
+    ) -> list[list[int] | dict]:
+        """Each prompt as vLLM takes it: its token ids, or with images a prompt dict whose
+        ``multi_modal_data`` vLLM's processor expands into the image tokens (the prompt holds one image
+        token per image, as the chat template wrote it)."""
+        media = check_multi_modal(multi_modal, len(rows), self.vision, engine="vllm")
+        if media is None:
+            return list(rows)
+        return [
+            {"prompt_token_ids": row, "multi_modal_data": {"image": images_of(m)}} if images_of(m) else row
+            for row, m in zip(rows, media, strict=True)
+        ]
 
     def _completions(
-        self, prompts: list[list[int]], outputs: list[Any], params: SamplingParams
+        self, prompts: list[list[int] | dict], outputs: list[Any], params: SamplingParams
     ) -> list[Completion]:
         """Completions of finished vLLM outputs, their texts decoded here, in one batch, where the engine did
-        not detokenize; as the reference HF rollout does (``skip_special_tokens``)."""
+        not detokenize; as the reference HF rollout does (``skip_special_tokens``). A prompt with images
+        is reported as the engine expanded it (``prompt_token_ids``): the sequence a trainer reads."""
+        prompts = [
+            list(out.prompt_token_ids) if isinstance(p, dict) else p
+            for p, out in zip(prompts, outputs, strict=True)
+        ]
         if engine_detokenizes(params):
             return [to_completion(p, out) for p, out in zip(prompts, outputs, strict=True)]
         texts = self.tokenizer.batch_decode(

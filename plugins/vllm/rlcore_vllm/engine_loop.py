@@ -37,7 +37,7 @@ class EngineStopped(RuntimeError):
 @attrs.define
 class _Submit:
     request_id: str
-    prompt: list[int]
+    prompt: list[int] | dict  # token ids, or a vLLM prompt dict (``multi_modal_data`` with them)
     params: Any  # vllm.SamplingParams
     future: Future
 
@@ -219,9 +219,10 @@ class EngineLoop:
         try:
             # The adapter only when there is one: engines (and test doubles) without LoRA keep their call.
             lora = {"lora_request": self.lora_request} if self.lora_request is not None else {}
-            engine.add_request(
-                command.request_id, {"prompt_token_ids": command.prompt}, command.params, **lora
+            prompt = (
+                command.prompt if isinstance(command.prompt, dict) else {"prompt_token_ids": command.prompt}
             )
+            engine.add_request(command.request_id, prompt, command.params, **lora)
         except Exception as exc:
             _resolve(command.future, exc)
         else:

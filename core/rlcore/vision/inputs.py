@@ -1,0 +1,150 @@
+"""A vision-language model's inputs, made by the model's own processor from its folder: the image tokens
+each image becomes, the pixels the vision tower reads, and which tokens are image tokens.
+
+Engines and the trainer build these from the same images with this one class, so a prompt's expanded
+image tokens and the pixels agree everywhere.
+
+Shapes (Qwen2.5-VL, Qwen3-VL): ``pixel_values [N, C]`` (``N``: the patches of every image of a call, in
+order; ``C = channels * temporal_patch_size * patch_size**2``), ``image_grid_thw [I, 3]`` (frames, rows and
+columns of patches of each of the ``I`` images), ``mm_token_type_ids [b, T]`` (1 on image tokens, which
+the model's 3-D rotary positions need). Image ``i`` becomes ``prod(image_grid_thw[i]) // merge_size**2``
+tokens.
+
+A request's media (``multi_modal``, verl's ``multi_modal_data``) is a mapping ``{"image": [PIL.Image, ...]}``
+per prompt, or ``None`` for a prompt without images.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+from rlcore.vision.prompts import expand_image_tokens
+
+#: The media kinds a request may carry.
+MODALITIES = ("image",)
+
+
+def is_vision_model(model_path: str | os.PathLike) -> bool:
+    """Whether the model folder's ``config.json`` declares a vision tower (``vision_config``)."""
+    config = os.path.join(os.fspath(model_path), "config.json")
+    if not os.path.isfile(config):
+        return False
+    with open(config, encoding="utf-8") as f:
+        return "vision_config" in json.load(f)
+
+
+def model_class(model_path: str | os.PathLike) -> Any:
+    """The ``transformers`` auto class that loads the folder: image-text-to-text for a vision model
+    (``Qwen2_5_VLForConditionalGeneration`` ...), else the causal LM."""
+    import transformers
+
+    if is_vision_model(model_path):
+        return transformers.AutoModelForImageTextToText
+    return transformers.AutoModelForCausalLM
+
+
+class VisionInputs:
+    """A folder's processor (``AutoProcessor``) and its image token."""
+
+    def __init__(self, processor: Any, image_token_id: int):
+        self.processor = processor
+        self.tokenizer = processor.tokenizer
+        #: The token a chat template writes once per image and the model reads ``n_i`` times.
+        self.image_token_id = int(image_token_id)
+        self.merge_size = int(getattr(processor.image_processor, "merge_size", 1))
+
+    @classmethod
+    def for_model(cls, model_path: str | os.PathLike) -> VisionInputs | None:
+        """The folder's image inputs, or ``None`` for a text-only model."""
+        if not is_vision_model(model_path):
+            return None
+        from transformers import AutoConfig, AutoProcessor
+
+        path = os.fspath(model_path)
+        try:
+            processor = AutoProcessor.from_pretrained(path)
+        except (OSError, ValueError, ImportError) as exc:
+            raise ValueError(
+                f"model folder {path!r} declares a vision tower, but its processor could not be loaded "
+                f"({type(exc).__name__}: {exc}); the folder needs the processor's files (processor_config.json "
+                "or preprocessor_config.json) beside the tokenizer, as the processor's save_pretrained writes them"
+            ) from exc
+        return cls(processor, AutoConfig.from_pretrained(path).image_token_id)
+
+    def image_inputs(self, images: Sequence[Any]) -> dict[str, Any]:
+        """``pixel_values [N, C]`` (float32) and ``image_grid_thw [I, 3]`` of ``images`` (RGB ``PIL.Image``)."""
+        out = self.processor.image_processor(images=list(images), return_tensors="pt")
+        return {"pixel_values": out["pixel_values"].float(), "image_grid_thw": out["image_grid_thw"]}
+
+    def tokens_per_image(self, image_grid_thw: Any) -> list[int]:
+        """How many image tokens each image of ``image_grid_thw [I, 3]`` becomes in the model's input."""
+        return [int(t * h * w) // self.merge_size**2 for t, h, w in image_grid_thw.tolist()]
+
+    def expand(self, prompt_ids: Sequence[int], media: Mapping | None) -> list[int]:
+        """``prompt_ids`` (one image token per image) as the model reads it: each image's token repeated
+        for its patches. Unchanged without images."""
+        images = images_of(media)
+        if not images:
+            return list(prompt_ids)
+        grid = self.image_inputs(images)["image_grid_thw"]
+        return expand_image_tokens(
+            prompt_ids, image_token_id=self.image_token_id, counts=self.tokens_per_image(grid)
+        )
+
+    def batch_inputs(self, input_ids: Any, media: Sequence[Mapping | None]) -> dict[str, Any]:
+        """The model's image inputs for rows ``input_ids [b, T]`` (expanded prompts, any padding) whose
+        images are ``media[i]``: ``pixel_values`` and ``image_grid_thw`` of all rows' images in row order,
+        and ``mm_token_type_ids [b, T]``. ``{}`` when no row has an image."""
+        images = [image for m in media for image in images_of(m)]
+        if not images:
+            return {}
+        out = self.image_inputs(images)
+        expected = sum(self.tokens_per_image(out["image_grid_thw"]))
+        is_image = input_ids == self.image_token_id
+        if int(is_image.sum()) != expected:
+            raise ValueError(
+                f"the rows hold {int(is_image.sum())} image tokens but their {len(images)} images make {expected}: "
+                "the prompts were not expanded for these images (VisionInputs.expand)"
+            )
+        return {**out, "mm_token_type_ids": is_image.int()}
+
+
+def images_of(media: Mapping | None) -> list[Any]:
+    """The images of one prompt's media (``[]`` for ``None``)."""
+    return list((media or {}).get("image") or ())
+
+
+def check_multi_modal(
+    multi_modal: Sequence[Mapping | None] | None,
+    num_prompts: int,
+    vision: VisionInputs | None,
+    *,
+    engine: str,
+) -> list[Mapping | None] | None:
+    """A request's media, one entry per prompt, or ``None`` when no prompt has any. Media for a model
+    without a vision tower, an entry count that is not the prompts', or an unknown kind is an error
+    naming the engine."""
+    if multi_modal is None:
+        return None
+    media = list(multi_modal)
+    if len(media) != num_prompts:
+        raise ValueError(
+            f"{engine} rollout: {len(media)} multi_modal entries for {num_prompts} prompts; give one each"
+        )
+    for i, m in enumerate(media):
+        unknown = sorted(set(m or {}) - set(MODALITIES))
+        if unknown:
+            raise ValueError(
+                f"{engine} rollout: prompt {i}'s multi_modal has {unknown}; only {', '.join(MODALITIES)} is supported"
+            )
+    if not any(images_of(m) for m in media):
+        return None
+    if vision is None:
+        raise ValueError(
+            f"{engine} rollout: the prompts carry images but the rollout's model has no vision tower "
+            "(its config.json has no vision_config); use a vision-language model folder"
+        )
+    return media
