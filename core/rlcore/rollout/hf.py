@@ -12,10 +12,10 @@ concatenation and whose sampler (``torch.multinomial``) draws a random number pe
 sample the same distribution and record the same log-probs; on the tiny CPU model of
 ``benchmarks/hf_decode.py`` the loop takes about 0.6x the time of ``generate``.
 
-Images (a vision-language model folder, :mod:`rlcore.vision`): prompts with images decode by
-``generate`` whatever ``hf.decode`` says, because their rotary positions are the model's own 3-D ones
-(M-RoPE), which rlcore's loop does not compute. Each prompt's image tokens are expanded by the folder's
-processor, and ``Completion.prompt_ids`` is the expanded prompt.
+Images (a vision-language model folder, :mod:`rlcore.vision`): a vision model decodes by ``generate``
+whatever ``hf.decode`` says, because its rotary positions are the model's own 3-D ones (M-RoPE), which
+rlcore's loop does not compute, and its image tokens are never sampled. Each prompt's image tokens are
+expanded by the folder's processor, and ``Completion.prompt_ids`` is the expanded prompt.
 
 Log-probs. ``Completion.log_probs[i]`` is ``log_softmax(logits / temperature)`` of the sampled token,
 computed in float32 from the raw logits *before* top-k / top-p filtering: exactly what a train engine
@@ -67,7 +67,7 @@ from rlcore.api import (
 )
 from rlcore.rollout.config import HFRolloutConfig
 from rlcore.rollout.stopping import StopStrings, finish_response
-from rlcore.vision.inputs import VisionInputs, check_multi_modal, model_class
+from rlcore.vision.inputs import BANNED_LOGIT, VisionInputs, check_multi_modal, model_class
 from rlcore.weights import CheckpointFormat, assemble
 
 
@@ -135,7 +135,9 @@ class HFRollout(RolloutEngine):
                 )
             seed = params.seed if params.seed is not None else self._seeds.randrange(2**63)
             out: list[Completion] = []
-            if self.config.decode == "loop" and media is None:
+            # A vision model decodes by generate, with or without images: its positions are its own
+            # (M-RoPE) and its image tokens are never sampled.
+            if self.config.decode == "loop" and self.vision is None:
                 # The loop draws from its own generator: the process's RNG is never touched.
                 rng = torch.Generator(device=self.device).manual_seed(seed)
                 seeded = contextlib.nullcontext()
@@ -177,10 +179,12 @@ class HFRollout(RolloutEngine):
             input_ids[i, width - len(row) :] = torch.tensor(row)
             attention_mask[i, width - len(row) :] = 1
         input_ids, attention_mask = input_ids.to(self.device), attention_mask.to(self.device)
-        if media is not None:
-            pixels = self.vision.batch_inputs(input_ids, media)
+        if self.vision is not None:
+            pixels = self.vision.batch_inputs(input_ids, media) if media is not None else {}
             pixels = {k: v.to(self.device) for k, v in pixels.items()}
-            generated, log_probs = self._hf_generate(input_ids, attention_mask, params, pixels)
+            generated, log_probs = self._hf_generate(
+                input_ids, attention_mask, params, pixels, banned=self.vision.banned_token_ids
+            )
         elif generator is None:
             generated, log_probs = self._hf_generate(input_ids, attention_mask, params)
         else:
@@ -213,14 +217,18 @@ class HFRollout(RolloutEngine):
         attention_mask: torch.Tensor,
         params: SamplingParams,
         extra: Mapping[str, torch.Tensor] | None = None,
+        banned: Sequence[int] = (),
     ) -> tuple[torch.Tensor, torch.Tensor]:
         """``decode: generate``: ``model.generate`` with a log-prob recording processor. Returns the generated
         tokens ``[b, T]`` (rows that ended early run on with padding) and their log-probs, on the CPU.
-        ``extra``: the model's image inputs (``pixel_values``, ``image_grid_thw``, ``mm_token_type_ids``)."""
+        ``extra``: the model's image inputs (``pixel_values``, ``image_grid_thw``, ``mm_token_type_ids``);
+        ``banned``: token ids whose logits get :data:`~rlcore.vision.inputs.BANNED_LOGIT` (a vision model's
+        image tokens), before the recorder."""
         width = input_ids.shape[1]
         greedy = params.temperature == 0
         recorder = _LogProbRecorder(1.0 if greedy else params.temperature)
-        processors = LogitsProcessorList([recorder])
+        # The bias comes first, so the recorded log-probs are of the distribution the tokens come from.
+        processors = LogitsProcessorList([_LogitBias(banned), recorder] if banned else [recorder])
         if not greedy:
             # HF's own warpers are switched off (temperature 1, top_k 0, top_p 1 below) and re-added after
             # the recorder, which must see the raw logits.
@@ -527,6 +535,18 @@ def _sample(
     if not logprobs:
         return token, None
     return token, torch.log_softmax(scaled, dim=-1).gather(-1, token[:, None]).squeeze(-1)
+
+
+class _LogitBias(LogitsProcessor):
+    """Adds :data:`~rlcore.vision.inputs.BANNED_LOGIT` to the logits of ``token_ids``."""
+
+    def __init__(self, token_ids: Sequence[int]):
+        self.token_ids = list(token_ids)
+
+    def __call__(self, input_ids: torch.LongTensor, scores: torch.FloatTensor) -> torch.FloatTensor:
+        scores = scores.clone()
+        scores[:, self.token_ids] += BANNED_LOGIT
+        return scores
 
 
 class _LogProbRecorder(LogitsProcessor):

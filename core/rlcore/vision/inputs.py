@@ -25,6 +25,9 @@ from rlcore.vision.prompts import expand_image_tokens
 
 #: The media kinds a request may carry.
 MODALITIES = ("image",)
+#: The logit bias of a vision model's image tokens in every engine (vLLM's ``logit_bias`` takes it as is):
+#: their probability becomes ``exp(-100)`` of what it was, zero to float32.
+BANNED_LOGIT = -100.0
 
 
 def is_vision_model(model_path: str | os.PathLike) -> bool:
@@ -49,12 +52,17 @@ def model_class(model_path: str | os.PathLike) -> Any:
 class VisionInputs:
     """A folder's processor (``AutoProcessor``) and its image token."""
 
-    def __init__(self, processor: Any, image_token_id: int):
+    def __init__(self, processor: Any, image_token_id: int, video_token_id: int | None = None):
         self.processor = processor
         self.tokenizer = processor.tokenizer
         #: The token a chat template writes once per image and the model reads ``n_i`` times.
         self.image_token_id = int(image_token_id)
         self.merge_size = int(getattr(processor.image_processor, "merge_size", 1))
+        #: Tokens no response may hold: the model takes every image (or video) token of its input for an
+        #: image's place (``transformers`` counts them to place the image features), so a response holding
+        #: one could not be trained on. Every engine adds :data:`BANNED_LOGIT` to their logits, rollouts
+        #: and trainer alike: a vision model's policy is its distribution without them, the same everywhere.
+        self.banned_token_ids = tuple(sorted({self.image_token_id, *_optional_ids(video_token_id)}))
 
     @classmethod
     def for_model(cls, model_path: str | os.PathLike) -> VisionInputs | None:
@@ -72,7 +80,8 @@ class VisionInputs:
                 f"({type(exc).__name__}: {exc}); the folder needs the processor's files (processor_config.json "
                 "or preprocessor_config.json) beside the tokenizer, as the processor's save_pretrained writes them"
             ) from exc
-        return cls(processor, AutoConfig.from_pretrained(path).image_token_id)
+        config = AutoConfig.from_pretrained(path)
+        return cls(processor, config.image_token_id, getattr(config, "video_token_id", None))
 
     def image_inputs(self, images: Sequence[Any]) -> dict[str, Any]:
         """``pixel_values [N, C]`` (float32) and ``image_grid_thw [I, 3]`` of ``images`` (RGB ``PIL.Image``)."""
@@ -110,6 +119,10 @@ class VisionInputs:
                 "the prompts were not expanded for these images (VisionInputs.expand)"
             )
         return {**out, "mm_token_type_ids": is_image.int()}
+
+
+def _optional_ids(value: int | None) -> tuple[int, ...]:
+    return () if value is None else (int(value),)
 
 
 def images_of(media: Mapping | None) -> list[Any]:

@@ -54,6 +54,7 @@ from rlcore_fsdp.checkpoint import (
 from rlcore_fsdp.config import PACKING_ATTENTION, FSDPConfig
 from rlcore_fsdp.micro_batches import ModelInputs, build_inputs, equalize, token_costs
 from rlcore_fsdp.model import HeadedModel, load_hf_model, torch_dtype
+from rlcore_fsdp.vision import vision_layout
 from rlcore_fsdp.parallelize import parallelize
 from rlcore_fsdp.schedule import check_schedule, lr_factor
 from rlcore_fsdp.sequence_parallel import check_heads, gather_slots, new_group, shard_inputs
@@ -166,7 +167,14 @@ class FSDPEngine(TrainEngine):
             else config.attn_implementation
         )
         hf = load_hf_model(spec.model_path, spec.head, self.param_dtype, attn, spec.seed)
+        #: A vision-language model's image inputs and M-RoPE positions per micro-batch (else None).
+        self._vision = vision_layout(spec.model_path, hf) if spec.head == "lm" else None
         if sp > 1:
+            if self._vision is not None:
+                raise ValueError(
+                    f"fsdp.sequence_parallel_size={sp}: sequence parallelism does not split a vision-language "
+                    "model's image inputs; set fsdp.sequence_parallel_size=1"
+                )
             check_heads(hf.config.get_text_config(), sp)
         # {adapted module: scale}; empty without LoRA. Injected before sharding, so FSDP shards the
         # adapter with its layer.
@@ -187,6 +195,7 @@ class FSDPEngine(TrainEngine):
             compiled=config.compile,
             keep_logits=not config.recompute_logits,
             sequence_parallel=self._sp,
+            banned_token_ids=self._vision.vision.banned_token_ids if self._vision is not None else (),
         )
         parallelize(self.module, mesh, config, spec.gradient_checkpointing)
 
@@ -228,7 +237,9 @@ class FSDPEngine(TrainEngine):
                 self.module.set_requires_gradient_sync(last)
                 self.module.set_reshard_after_backward(last)
             micro = batch.index(list(part.rows))
-            inputs = build_inputs(micro, self.spec.head, self.config.use_remove_padding, anchor=True)
+            inputs = build_inputs(
+                micro, self.spec.head, self.config.use_remove_padding, anchor=True, vision=self._vision
+            )
             outputs, anchor = self._forward(inputs, anchor=True)
             loss, metrics = loss_fn(outputs, micro.to(self.device, pin=self._pin))
             # Dummy micro-batches and the anchor only keep every rank's collectives in step.
@@ -307,7 +318,9 @@ class FSDPEngine(TrainEngine):
         with torch.no_grad():
             for part in self._micro_batches(batch):
                 micro = batch.index(list(part.rows))
-                inputs = build_inputs(micro, self.spec.head, self.config.use_remove_padding)
+                inputs = build_inputs(
+                    micro, self.spec.head, self.config.use_remove_padding, vision=self._vision
+                )
                 placed, _ = self._forward(inputs, anchor=False)
                 if part.dummy:
                     continue
@@ -591,9 +604,12 @@ class FSDPEngine(TrainEngine):
         with torch.no_grad():
             for offset in (1, 2):
                 a_ids = [(11 * i + offset) % vocab for i in range(n_a)]
+                positions = torch.cat([torch.arange(n_a), torch.arange(n_b)])[None]
+                if self._vision is not None:  # packed as a VLM's: text positions, then the three M-RoPE rows
+                    positions = positions.expand(4, 1, -1)
                 inputs = ModelInputs(
                     input_ids=torch.tensor(a_ids + b_ids)[None],
-                    position_ids=torch.cat([torch.arange(n_a), torch.arange(n_b)])[None],
+                    position_ids=positions,
                     attention_mask=None,
                     index=torch.arange(n_a, n_a + n_b),
                     targets=torch.tensor(b_ids[1:] + b_ids[:1]),

@@ -19,6 +19,8 @@ import torch
 from rlcore.api import Batch
 from rlcore.api.batch import to_device
 
+from rlcore_fsdp.vision import VisionLayout
+
 
 @attrs.frozen
 class MicroBatch:
@@ -70,15 +72,20 @@ class ModelInputs:
     response_index: torch.Tensor | None = None
     cu_seq_lens: torch.Tensor | None = None
     max_length: int | None = None
+    #: A vision-language model's image inputs (``pixel_values``, ``image_grid_thw``, ``mm_token_type_ids``
+    #: laid out as ``input_ids``); ``position_ids`` is then ``[3, b, T]`` (M-RoPE), or ``[4, 1, N]`` packed
+    #: (the text positions first, which mark where each sequence starts).
+    extra: dict[str, torch.Tensor] | None = None
 
     def to(self, device: torch.device, pin: bool = False) -> ModelInputs:
         """On ``device`` (see :func:`to_device` for ``pin``)."""
-        return ModelInputs(
-            *(
-                to_device(t, device, pin) if isinstance(t, torch.Tensor) else t
-                for t in attrs.astuple(self, recurse=False)
-            )
-        )
+        moved = [
+            to_device(t, device, pin) if isinstance(t, torch.Tensor) else t
+            for t in attrs.astuple(self, recurse=False)
+        ]
+        if self.extra is not None:
+            moved[-1] = {k: to_device(v, device, pin) for k, v in self.extra.items()}
+        return ModelInputs(*moved)
 
     def model_kwargs(self) -> dict[str, torch.Tensor | int | None]:
         return {
@@ -89,6 +96,7 @@ class ModelInputs:
             "targets": self.targets,
             "cu_seq_lens": self.cu_seq_lens,
             "max_length": self.max_length,
+            **(self.extra or {}),
         }
 
 
@@ -107,13 +115,17 @@ def token_costs(batch: Batch, packed: bool) -> list[int]:
     return [mask.shape[1]] * mask.shape[0]
 
 
-def build_inputs(batch: Batch, head: str, packed: bool, anchor: bool = False) -> ModelInputs:
+def build_inputs(
+    batch: Batch, head: str, packed: bool, anchor: bool = False, vision: VisionLayout | None = None
+) -> ModelInputs:
     """Model inputs for ``batch``. Prompts are left-padded and responses right-padded (``R`` =
     ``responses.shape[1]``); the hidden state at position ``P-1+j`` predicts (and values) response token
     ``j``. The score head reads each row's last real token.
 
     ``anchor`` appends one more position (the first real token) whose result the engine adds to the loss
     times zero, so every parameter takes part in every backward whatever the loss function reads.
+    ``vision``: a vision-language model's layout (:mod:`rlcore_fsdp.vision`): M-RoPE positions for every
+    row, and the rows' image inputs.
     """
     input_ids = _field(batch, "input_ids")
     mask = _field(batch, "attention_mask").bool()
@@ -151,20 +163,32 @@ def build_inputs(batch: Batch, head: str, packed: bool, anchor: bool = False) ->
         index = torch.cat([index, torch.tensor([first])])
         targets = torch.cat([targets, input_ids.reshape(-1)[first : first + 1]])
 
+    images = None
+    if vision is not None:
+        R = batch.tensors["responses"].shape[1] if "responses" in batch.tensors else 0
+        images = vision(batch, T - R)
+
     if not packed:
         # Columns that are padding in every row carry no information: cut them off both ends.
         real_cols = mask.any(0).nonzero().flatten()
         lo, hi = int(real_cols[0]), int(real_cols[-1]) + 1
         index = (index // T) * (hi - lo) + (index % T - lo)
         cut = slice(lo, hi)
+        extra = None
+        if images is not None:
+            rope, extra = images
+            position_ids = rope  # [3, b, T]: the cut below applies to its last dimension
+            if extra:
+                extra = {**extra, "mm_token_type_ids": extra["mm_token_type_ids"][:, cut]}
         return ModelInputs(
             input_ids[:, cut],
-            position_ids[:, cut],
+            position_ids[..., cut],
             mask[:, cut].long(),
             index,
             targets,
             response_valid,
             response_index,
+            extra=extra,
         )
 
     expected = mask.long().cumsum(-1) - 1
@@ -179,9 +203,17 @@ def build_inputs(batch: Batch, head: str, packed: bool, anchor: bool = False) ->
     packed_pos = keep.long().cumsum(0) - 1  # flat padded position -> packed position
     lengths = mask.sum(-1)
     cu_seq_lens = torch.cat([lengths.new_zeros(1), lengths.cumsum(0)]).to(torch.int32)
+    positions = position_ids.reshape(-1)[keep].unsqueeze(0)  # [1, N]
+    extra = None
+    if images is not None:
+        rope, extra = images
+        # [4, 1, N]: the text positions first (they mark the sequence starts), then the three M-RoPE rows.
+        positions = torch.cat([positions[None], rope.reshape(3, -1)[:, keep][:, None]], dim=0)
+        if extra:
+            extra = {**extra, "mm_token_type_ids": extra["mm_token_type_ids"].reshape(-1)[keep].unsqueeze(0)}
     return ModelInputs(
         input_ids.reshape(-1)[keep].unsqueeze(0),
-        position_ids.reshape(-1)[keep].unsqueeze(0),
+        positions,
         None,
         packed_pos[index],
         targets,
@@ -189,4 +221,5 @@ def build_inputs(batch: Batch, head: str, packed: bool, anchor: bool = False) ->
         response_index,
         cu_seq_lens,
         int(lengths.max()),
+        extra,
     )

@@ -25,6 +25,8 @@ from pathlib import Path
 import torch
 import torch.nn as nn
 from rlcore.kernels.logits import linear_log_probs
+from rlcore.vision import is_vision_model
+from rlcore.vision.inputs import BANNED_LOGIT
 
 from rlcore_fsdp.attention import SP_KWARG
 from rlcore_fsdp.sequence_parallel import SequenceParallel
@@ -97,6 +99,8 @@ def load_hf_model(model_path: str, head: str, dtype: torch.dtype, attn_implement
         config.classifier_dropout = 0.0
     torch.manual_seed(seed)
     cls = getattr(transformers, HEAD_CLASSES[head])
+    if head == "lm" and is_vision_model(path):
+        cls = transformers.AutoModelForImageTextToText  # Qwen2.5-VL ...: the vision tower and the LM
     model = cls.from_pretrained(path, config=config, dtype=dtype, attn_implementation=attn_implementation)
     model.config.use_cache = False
     if head != "lm" and not isinstance(getattr(model, "score", None), nn.Linear):
@@ -129,9 +133,12 @@ class HeadedModel(nn.Module):
         compiled: bool = False,
         keep_logits: bool = False,
         sequence_parallel: SequenceParallel | None = None,
+        banned_token_ids: tuple[int, ...] = (),
     ):
         super().__init__()
         self.hf = hf_model
+        #: Tokens whose logits get ``BANNED_LOGIT`` (a vision model's image tokens, as in its rollouts).
+        self.banned_token_ids = tuple(banned_token_ids)
         self.head = head
         self.compiled = compiled  # fuse the log-prob head's elementwise work (torch.compile)
         self.keep_logits = keep_logits  # keep the head's logits for the backward (rlcore.kernels.logits)
@@ -151,11 +158,14 @@ class HeadedModel(nn.Module):
         chunk_size: int = 1024,
         cu_seq_lens: torch.Tensor | None = None,
         max_length: int | None = None,
+        **images: torch.Tensor,
     ) -> dict[str, torch.Tensor]:
         """``input_ids``/``position_ids [b, T]`` (``attention_mask [b, T]`` or None when packed into
         ``b = 1``), ``index [M]`` flat positions into ``b*T``, ``targets [M]`` (lm head). Packed inputs
         also bring ``cu_seq_lens [n+1]`` (int32, sequence starts) and ``max_length`` (the longest
         sequence), which the ``varlen`` attention backend reads (:mod:`rlcore_fsdp.attention`).
+        ``images``: a vision-language model's ``pixel_values``, ``image_grid_thw`` and
+        ``mm_token_type_ids``, with ``position_ids`` its M-RoPE positions (:mod:`rlcore_fsdp.vision`).
 
         Returns ``{"log_probs": [M], "entropy": [M]}`` (lm) or ``{"values": [M]}`` (value, score) in
         fp32, or fp64 for a float64 model.
@@ -176,15 +186,21 @@ class HeadedModel(nn.Module):
             position_ids=position_ids,
             use_cache=False,
             **packing,
+            **images,
         )
         hidden = out.last_hidden_state
         hidden = hidden.reshape(-1, hidden.shape[-1]).index_select(0, index)  # [M, H]
         if self.head == "lm":
             out_layer = self.hf.get_output_embeddings()
+            bias = out_layer.bias
+            if self.banned_token_ids:
+                banned = torch.zeros(out_layer.weight.shape[0], dtype=hidden.dtype, device=hidden.device)
+                banned[list(self.banned_token_ids)] = BANNED_LOGIT
+                bias = banned if bias is None else bias + banned
             log_probs, entropy = linear_log_probs(
                 hidden,
                 out_layer.weight,
-                out_layer.bias,
+                bias,
                 targets,
                 temperature,
                 chunk_size,

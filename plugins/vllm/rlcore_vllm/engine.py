@@ -193,14 +193,14 @@ class VLLMRollout(RolloutEngine):
         requests = self._with_media(rows, multi_modal)
         self._prefix_cache_dirty = True
         if params.seed is not None and self.config.seeding == "batch":
-            unseeded = to_vllm(params, None)
+            unseeded = to_vllm(params, None, self._banned)
             futures = self._loop.submit_many(
                 [(row, unseeded) for row in requests for _ in range(params.n)], params.seed
             )
         else:
             futures = self._loop.submit_many(
                 [
-                    (row, to_vllm(params, seed))
+                    (row, to_vllm(params, seed, self._banned))
                     for i, row in enumerate(requests)
                     for seed in request_seeds(params, i)
                 ]
@@ -224,7 +224,7 @@ class VLLMRollout(RolloutEngine):
         (request,) = self._with_media([row], None if multi_modal is None else [multi_modal])
         self._prefix_cache_dirty = True
         futures: list[Future] = self._loop.submit_many(
-            [(request, to_vllm(params, seed)) for seed in request_seeds(params, 0)]
+            [(request, to_vllm(params, seed, self._banned)) for seed in request_seeds(params, 0)]
         )
         try:
             outputs = await asyncio.gather(*(asyncio.wrap_future(f) for f in futures))
@@ -233,6 +233,12 @@ class VLLMRollout(RolloutEngine):
                 f.cancel()
             raise
         return self._completions([request] * len(outputs), outputs, params)
+
+    @property
+    def _banned(self) -> tuple[int, ...]:
+        """Token ids no sample may hold: a vision model's image tokens, whenever it generates (with images
+        or without), so every response can be trained on (:attr:`rlcore.vision.VisionInputs.banned_token_ids`)."""
+        return self.vision.banned_token_ids if self.vision is not None else ()
 
     def _with_media(
         self, rows: list[list[int]], multi_modal: Sequence[Mapping | None] | None

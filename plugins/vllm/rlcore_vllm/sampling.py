@@ -6,11 +6,12 @@ One rlcore request for ``n`` samples becomes ``n`` vLLM requests of one sample e
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 import attrs
 from rlcore.api import Completion, SamplingParams
+from rlcore.vision.inputs import BANNED_LOGIT
 
 _FIELDS = tuple(f.name for f in attrs.fields(SamplingParams))
 
@@ -37,7 +38,7 @@ def sampling_params_from_dict(values: Mapping[str, Any], where: str = "sampling"
     return SamplingParams(**kwargs)
 
 
-def to_vllm(params: SamplingParams, seed: int | None):
+def to_vllm(params: SamplingParams, seed: int | None, banned: Sequence[int] = ()):
     """One vLLM ``SamplingParams`` for a single sample of ``params``.
 
     Only the sampled token's log-prob is requested (``logprobs=0``); the checkpoint's generation config
@@ -52,6 +53,9 @@ def to_vllm(params: SamplingParams, seed: int | None):
     plain lists per request, and the engine detokenizes only when stop strings need it; otherwise the
     plugin decodes each response's text once, at the end (:func:`to_completion`'s ``text``), as the
     reference HF rollout does.
+
+    ``banned``: token ids whose logits get :data:`rlcore.vision.inputs.BANNED_LOGIT` (a vision model's image
+    tokens), which ``processed_logprobs`` (the default ``vllm.logprobs_mode``) include, as the trainer's do.
     """
     from vllm import SamplingParams as VLLMSamplingParams
     from vllm.sampling_params import RequestOutputKind
@@ -68,6 +72,7 @@ def to_vllm(params: SamplingParams, seed: int | None):
         detokenize=engine_detokenizes(params),
         seed=seed,
         output_kind=RequestOutputKind.FINAL_ONLY,
+        logit_bias={int(t): BANNED_LOGIT for t in banned} or None,
     )
 
 
