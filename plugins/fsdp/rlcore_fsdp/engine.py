@@ -54,10 +54,10 @@ from rlcore_fsdp.checkpoint import (
 from rlcore_fsdp.config import PACKING_ATTENTION, FSDPConfig
 from rlcore_fsdp.micro_batches import ModelInputs, build_inputs, equalize, token_costs
 from rlcore_fsdp.model import HeadedModel, load_hf_model, torch_dtype
-from rlcore_fsdp.vision import vision_layout
 from rlcore_fsdp.parallelize import parallelize
 from rlcore_fsdp.schedule import check_schedule, lr_factor
 from rlcore_fsdp.sequence_parallel import check_heads, gather_slots, new_group, shard_inputs
+from rlcore_fsdp.vision import vision_layout
 
 #: What :meth:`FSDPEngine.infer` can return per head (``base_log_probs``: a LoRA engine's base model).
 HEAD_OUTPUTS = {"lm": ("log_probs", "entropy"), "value": ("values",), "score": ("scores",)}
