@@ -68,6 +68,10 @@ class DataConfig:
     #: Render the messages with the tokenizer's chat template (with the generation prompt). When false,
     #: the prompt is used as raw text: a string column as-is, or the messages' contents joined by newlines.
     apply_chat_template: bool = True
+    #: Column holding each row's images (vision-language models, docs/vision.md): a list of paths
+    #: (relative to the data file's folder), encoded bytes, or ``{"bytes": ..., "path": ...}`` dicts; each
+    #: ``<image>`` in the prompt's text marks where the next one goes. Read and checked when the data loads.
+    image_key: str = "images"
     #: Extra keyword arguments for ``tokenizer.apply_chat_template`` (e.g. ``{enable_thinking: false}``).
     apply_chat_template_kwargs: dict[str, Any] = attrs.field(factory=dict)
     #: Drop the last incomplete training batch of each epoch (validation always keeps it).

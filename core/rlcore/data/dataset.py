@@ -16,6 +16,7 @@ import numpy as np
 
 from rlcore.data.config import DataConfig
 from rlcore.data.files import DataError, LoadedFile, read_file
+from rlcore.data.images import image_parts, load_images
 from rlcore.data.schema import RESERVED_NAMES, Sample, check_columns, parse_row
 
 logger = logging.getLogger(__name__)
@@ -29,7 +30,9 @@ class RLDataset:
     ``dataset[i]`` is a dict with ``input_ids`` (``int32 [L]``, ``L <= max_prompt_length``), ``raw_prompt``
     (the messages, or the text in raw mode), ``data_source``, ``ground_truth``, ``reward_model``,
     ``extra_info``, ``index`` (the row's position in the concatenation of all files, counted before
-    filtering, so it names the source row: see :meth:`where`) and any extra columns.
+    filtering, so it names the source row: see :meth:`where`), any extra columns, and for a row with
+    images ``multi_modal_data`` (``{"image": [PIL.Image, ...]}``; its ``input_ids`` hold one image token
+    per image, as the chat template writes it: ``max_prompt_length`` counts the prompt so).
 
     >>> ds = RLDataset(["train.parquet"], tokenizer, DataConfig(max_prompt_length=256))  # doctest: +SKIP
     >>> ds.num_filtered, len(ds)  # doctest: +SKIP
@@ -70,10 +73,9 @@ class RLDataset:
             check_columns(loaded, config.prompt_key)
             self._warn_reserved(loaded)
             self._offsets.append(len(samples))
-            samples.extend(
-                parse_row(loaded, i, config.prompt_key, not config.apply_chat_template)
-                for i in range(len(loaded.rows))
-            )
+            for i in range(len(loaded.rows)):
+                sample = parse_row(loaded, i, config.prompt_key, not config.apply_chat_template)
+                samples.append(self._with_images(sample, loaded, i))
             # Rows now live in ``samples``; keep only the file's metadata for error messages.
             loaded.rows = []
             self._loaded.append(loaded)
@@ -85,6 +87,31 @@ class RLDataset:
         self._samples, self._ids, self._index = self._limit_lengths(samples, ids)
 
     # -- loading ---------------------------------------------------------------------------------
+    def _with_images(self, sample: Sample, loaded: LoadedFile, row: int) -> Sample:
+        """A row with images (``data.image_key``): decoded now, so a missing or unreadable image stops the
+        run at load naming its file and row; carried as ``multi_modal_data`` (``{"image": [...]}``) and the
+        prompt's ``<image>`` placeholders made image parts for the chat template."""
+        value = sample.extras.pop(self.config.image_key, None)
+        if value is None:
+            return sample
+        where = loaded.where(row)
+        images = load_images(
+            value,
+            base_dir=os.path.dirname(os.path.abspath(loaded.path)),
+            where=where,
+            key=self.config.image_key,
+        )
+        if not images:
+            return sample
+        if isinstance(sample.prompt, str):
+            raise DataError(
+                f"{where}: a row with images needs chat messages (data.apply_chat_template=true), whose "
+                f"template renders each image's place"
+            )
+        sample.prompt = image_parts(sample.prompt, len(images), where)
+        sample.extras["multi_modal_data"] = {"image": images}
+        return sample
+
     def _render(self, sample: Sample, row: int) -> str:
         if not self.config.apply_chat_template:
             if isinstance(sample.prompt, str):

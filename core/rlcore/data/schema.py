@@ -28,6 +28,7 @@ RESERVED_NAMES = frozenset(
         "reward_model",
         "extra_info",
         "index",
+        "multi_modal_data",
     }
 )
 

@@ -81,9 +81,7 @@ def build_tiny_vlm(
     if marker.exists() and json.loads(marker.read_text()) == settings:
         return path
     path.mkdir(parents=True, exist_ok=True)
-    tokenizer = build_tiny_tokenizer()
-    tokenizer.add_special_tokens({"additional_special_tokens": ["<|im_start|>", *VISION_TOKENS]})
-    tokenizer.chat_template = CHAT_TEMPLATE
+    tokenizer = build_vlm_tokenizer()
     ids = dict(zip(VISION_TOKENS, tokenizer.convert_tokens_to_ids(VISION_TOKENS), strict=True))
     head_dim = hidden_size // num_heads
     text = dict(
@@ -146,6 +144,14 @@ def build_tiny_vlm(
     processor.save_pretrained(str(path))
     marker.write_text(json.dumps(settings))  # last: its presence means the folder is complete
     return path
+
+
+def build_vlm_tokenizer():
+    """The tiny tokenizer with the Qwen vision tokens and a chat template that renders image parts."""
+    tokenizer = build_tiny_tokenizer()
+    tokenizer.add_special_tokens({"additional_special_tokens": ["<|im_start|>", *VISION_TOKENS]})
+    tokenizer.chat_template = CHAT_TEMPLATE
+    return tokenizer
 
 
 def _mrope_section(head_dim: int) -> list[int]:

@@ -1,13 +1,18 @@
 """Vision-language models: images from the data to the rollout and into training (docs/vision.md).
 
-- :mod:`rlcore.vision.images`: a row's images, read and checked when the data loads.
-- :mod:`rlcore.vision.prompts`: the ``<image>`` placeholder, image parts, the expanded image tokens.
-- :mod:`rlcore.vision.inputs`: the model's own processor: image tokens, pixels, the request's media.
+- :mod:`rlcore.data.images`: a row's images, read and checked when the data loads; the ``<image>``
+  placeholder as image parts of the chat messages.
+- :mod:`rlcore.vision.inputs`: the model's own processor: each image's tokens, pixels, the request's media.
 """
 
-from rlcore.vision.images import load_images
-from rlcore.vision.inputs import VisionInputs, check_multi_modal, is_vision_model, model_class
-from rlcore.vision.prompts import IMAGE_PLACEHOLDER, expand_image_tokens, image_parts
+from rlcore.data.images import IMAGE_PLACEHOLDER, image_parts, load_images
+from rlcore.vision.inputs import (
+    VisionInputs,
+    check_multi_modal,
+    expand_image_tokens,
+    is_vision_model,
+    model_class,
+)
 
 __all__ = [
     "IMAGE_PLACEHOLDER",

@@ -12,6 +12,9 @@ tokens.
 
 A request's media (``multi_modal``, verl's ``multi_modal_data``) is a mapping ``{"image": [PIL.Image, ...]}``
 per prompt, or ``None`` for a prompt without images.
+
+>>> expand_image_tokens([1, 9, 2, 9], image_token_id=9, counts=[2, 3])
+[1, 9, 9, 2, 9, 9, 9]
 """
 
 from __future__ import annotations
@@ -20,8 +23,6 @@ import json
 import os
 from collections.abc import Mapping, Sequence
 from typing import Any
-
-from rlcore.vision.prompts import expand_image_tokens
 
 #: The media kinds a request may carry.
 MODALITIES = ("image",)
@@ -161,3 +162,24 @@ def check_multi_modal(
             "(its config.json has no vision_config); use a vision-language model folder"
         )
     return media
+
+
+def expand_image_tokens(
+    prompt_ids: Sequence[int], *, image_token_id: int, counts: Sequence[int]
+) -> list[int]:
+    """``prompt_ids`` with its ``i``-th ``image_token_id`` repeated ``counts[i]`` times: the prompt as the
+    model reads it. The token must occur exactly ``len(counts)`` times."""
+    places = [i for i, t in enumerate(prompt_ids) if t == image_token_id]
+    if len(places) != len(counts):
+        raise ValueError(
+            f"the prompt holds the image token {image_token_id} {len(places)} times, for {len(counts)} images; "
+            "was it expanded already, or does the text contain the token literally?"
+        )
+    out: list[int] = []
+    start = 0
+    for place, count in zip(places, counts, strict=True):
+        out.extend(prompt_ids[start:place])
+        out.extend([image_token_id] * count)
+        start = place + 1
+    out.extend(prompt_ids[start:])
+    return out

@@ -1,5 +1,6 @@
-"""Images of a dataset row: read, decoded and checked when the data loads, so that a missing or unreadable
-image stops the run at start-up naming its file and row, not a rollout deep into training.
+"""Images of a dataset row (vision-language models, docs/vision.md): read, decoded and checked when the
+data loads, so that a missing or unreadable image stops the run at start-up naming its file and row, not a
+rollout deep into training; and where they sit in the prompt.
 
 A row's image column (``data.image_key``, ``images`` by default, verl's name) holds a list; each entry is
 
@@ -9,15 +10,29 @@ A row's image column (``data.image_key``, ``images`` by default, verl's name) ho
 - raw encoded bytes (PNG, JPEG ...).
 
 Decoded images are RGB ``PIL.Image`` objects: what every engine's processor takes.
+
+The prompt marks each image's place with the literal ``<image>`` in a message's text (verl's and geo3k's
+convention); the ``i``-th ``<image>`` of the prompt is the row's ``i``-th image. A message whose content is
+already a list of parts (``{"type": "image"}``, ``{"type": "text", "text": ...}``, the chat API's form) is
+taken as it is. A chat template renders each image part as the model's vision block
+(``<|vision_start|><|image_pad|><|vision_end|>`` for Qwen-VL): one image token per image, the prompt every
+rollout engine receives (:mod:`rlcore.vision.inputs` expands it to what the model reads).
+
+>>> image_parts([{"role": "user", "content": "<image>How many?"}], 1, "row 0")
+[{'role': 'user', 'content': [{'type': 'image'}, {'type': 'text', 'text': 'How many?'}]}]
 """
 
 from __future__ import annotations
 
 import io
 import os
+import re
 from typing import Any
 
 from rlcore.data.files import DataError
+
+IMAGE_PLACEHOLDER = "<image>"
+_SPLIT = re.compile(f"({re.escape(IMAGE_PLACEHOLDER)})")
 
 
 def load_images(value: Any, *, base_dir: str, where: str, key: str = "images") -> list[Any]:
@@ -66,3 +81,26 @@ def _load_one(item: Any, base_dir: str, where: str) -> Any:
             f"{where}: {what} could not be read as an image ({type(exc).__name__}: {exc}); it may be truncated "
             "or in a format Pillow does not read"
         ) from exc
+
+
+def image_parts(messages: list[dict[str, Any]], num_images: int, where: str) -> list[dict[str, Any]]:
+    """``messages`` with each text's ``<image>`` turned into an image part, checked against the row's
+    ``num_images``: every image needs its place in the prompt and every place its image."""
+    out, places = [], 0
+    for message in messages:
+        content = message["content"]
+        if isinstance(content, str):
+            parts = [
+                {"type": "image"} if piece == IMAGE_PLACEHOLDER else {"type": "text", "text": piece}
+                for piece in _SPLIT.split(content)
+                if piece
+            ]
+            message = {**message, "content": parts}
+        places += sum(1 for p in message["content"] if isinstance(p, dict) and p.get("type") == "image")
+        out.append(message)
+    if places != num_images:
+        raise DataError(
+            f"{where}: the prompt has {places} image places ({IMAGE_PLACEHOLDER!r} in its text, or image parts) "
+            f"but the row has {num_images} images; put one {IMAGE_PLACEHOLDER} where each image goes"
+        )
+    return out
