@@ -60,6 +60,9 @@ class ModelShape:
 
     @classmethod
     def from_hf_config(cls, config: Any) -> ModelShape:
+        tied = bool(getattr(config, "tie_word_embeddings", False))
+        # A vision-language model's language part (its vision tower's activations are not counted).
+        config = config.get_text_config() if hasattr(config, "get_text_config") else config
         hidden = int(config.hidden_size)
         heads = int(getattr(config, "num_attention_heads", 1) or 1)
         return cls(
@@ -69,7 +72,7 @@ class ModelShape:
             heads=heads,
             kv_heads=int(getattr(config, "num_key_value_heads", None) or heads),
             vocab=int(config.vocab_size),
-            tied=bool(getattr(config, "tie_word_embeddings", False)),
+            tied=tied or bool(getattr(config, "tie_word_embeddings", False)),
         )
 
     def parameters(self) -> int:

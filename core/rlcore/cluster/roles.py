@@ -194,9 +194,19 @@ class RolloutRole:
             self._loads_adapters = all(self.group.call_all("loads_adapters"))
         return self._loads_adapters
 
-    def generate(self, prompts: Sequence[Sequence[int]], params: SamplingParams) -> list[list[Completion]]:
-        """``result[i]`` holds ``params.n`` completions of ``prompts[i]``."""
-        parts = self.group.dispatch("generate", [list(p) for p in prompts], params)
+    def generate(
+        self,
+        prompts: Sequence[Sequence[int]],
+        params: SamplingParams,
+        multi_modal: Sequence[Any] | None = None,
+    ) -> list[list[Completion]]:
+        """``result[i]`` holds ``params.n`` completions of ``prompts[i]``; ``multi_modal[i]``: its images
+        (``{"image": [...]}`` or None, :mod:`rlcore.vision`), which travel with it to its replica."""
+        if multi_modal is not None:
+            requests = [(list(p), m) for p, m in zip(prompts, multi_modal, strict=True)]
+            parts = self.group.dispatch("generate_with_media", requests, params)
+        else:
+            parts = self.group.dispatch("generate", [list(p) for p in prompts], params)
         out = [completions for part in parts for completions in part]
         if len(out) != len(prompts):
             raise RuntimeError(f"rollout returned {len(out)} results for {len(prompts)} prompts")

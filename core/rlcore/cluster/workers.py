@@ -530,6 +530,16 @@ class RolloutWorker(Worker):
         return self.engine.generate(prompts, params)
 
     @reports_phase
+    def generate_with_media(
+        self, requests: list[tuple[list[int], Any]], params: SamplingParams
+    ) -> list[list[Completion]]:
+        """:meth:`generate` of ``(prompt, media)`` pairs: prompts with their images (:mod:`rlcore.vision`)."""
+        if not requests:
+            return []
+        prompts, media = [r[0] for r in requests], [r[1] for r in requests]
+        return self.engine.generate(prompts, params, multi_modal=media)
+
+    @reports_phase
     def run_episodes(
         self, prompts: list[list[int]], params: SamplingParams, agent: Any, tokenizer_path: str
     ) -> list[list[Completion]]:

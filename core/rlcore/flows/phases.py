@@ -91,6 +91,11 @@ def generate(
     if "uid" not in prompts.objects:
         prompts.objects["uid"] = ctx.new_uids(len(prompts))
     agent = getattr(ctx.config, "agent", None)
+    if agent is not None and agent.enabled and prompt_media(prompts) is not None:
+        raise ValueError(
+            "agent.enabled: multi-turn episodes do not carry images yet (docs/vision.md); the data has "
+            "image rows (data.image_key) — disable the agent or use text prompts"
+        )
     with ctx.phase(phase):
         ctx.memory.use("generate")
         if agent is not None and agent.enabled:
@@ -102,9 +107,19 @@ def generate(
                 model.tokenizer_path or model.path,
                 rows=prompt_rows(prompts) if agent.uses_program else None,
             )
+        elif prompt_media(prompts) is not None:
+            completions = ctx.rollout.generate(prompt_token_ids(prompts), params, prompt_media(prompts))
         else:
             completions = ctx.rollout.generate(prompt_token_ids(prompts), params)
     return assemble_generated(ctx, prompts, completions)
+
+
+def prompt_media(prompts: Batch) -> list | None:
+    """Each prompt's images (``multi_modal_data``, :mod:`rlcore.vision`), or None when no prompt has any."""
+    media = prompts.objects.get("multi_modal_data")
+    if media is None or not any((m or {}).get("image") for m in media):
+        return None
+    return list(media)
 
 
 def assemble_generated(ctx: StepContext, prompts: Batch, completions: list[list[Completion]]) -> Batch:

@@ -173,8 +173,15 @@ class VersionedRollout:
             self.calls += 1
             yield version
 
-    def generate(self, prompts: Sequence[Sequence[int]], params: SamplingParams) -> list[list[Completion]]:
+    def generate(
+        self, prompts: Sequence[Sequence[int]], params: SamplingParams, multi_modal: Sequence | None = None
+    ) -> list[list[Completion]]:
         """As ``RolloutRole.generate``; ``result[i][j].versions`` the version of each token."""
+        if multi_modal is not None:
+            raise ValueError(
+                "the overlapping modes (trainer.mode one_step_off, async) do not carry images yet "
+                "(docs/vision.md); train a vision-language model with trainer.mode=sync"
+            )
         chunk = self.chunk_tokens
         if chunk is None or chunk >= params.max_tokens:
             with self._hold() as version:

@@ -175,6 +175,11 @@ class RolloutStream:
 
     def _name(self, ctx: Any, new: list[Group]) -> None:
         for g, uid in zip(new, ctx.new_uids(len(new)), strict=True):
+            if any((m or {}).get("image") for m in g.prompt.objects.get("multi_modal_data") or ()):
+                raise ValueError(
+                    f"trainer.mode={ctx.config.trainer.mode}: the stream does not carry images yet "
+                    "(docs/vision.md); train a vision-language model with trainer.mode=sync"
+                )
             g.prompt.objects["uid"] = [uid]
 
     def _start(self, ctx: Any, new: list[Group], chunk: int, max_tokens: int) -> None:

@@ -1,0 +1,79 @@
+"""``rlcore train`` on a vision-language model: rows with images go to the rollout with their prompts, and
+the rows trained on hold each image's tokens as the model's processor expands them, and the trainer's
+log-probs of the sampled responses, with the images, equal the rollout's (the run's ``rollout/`` mismatch
+metrics, fp32 on both sides). Tiny Qwen2.5-VL, HF rollout, FSDP, 2 steps."""
+
+import io
+import json
+
+from PIL import Image
+from rlcore.telemetry.loggers import read_metrics
+from rlcore.telemetry.samples import SAMPLES_FILE, read_samples
+from rlcore.testing.tiny_vlm import build_tiny_vlm
+from rlcore.vision import VisionInputs, image_parts
+
+#: fp32 trainer against the fp32 HF rollout with images: measured below 1e-6 (tests/test_vision_rollouts.py).
+GAP = 1e-3
+
+
+def _data(folder, n=8):
+    colours = [
+        ("red", (255, 0, 0)),
+        ("green", (0, 255, 0)),
+        ("blue", (0, 0, 255)),
+        ("white", (255, 255, 255)),
+    ]
+    (folder / "img").mkdir(parents=True)
+    rows = []
+    for i in range(n):
+        name, rgb = colours[i % len(colours)]
+        buffer = io.BytesIO()
+        Image.new("RGB", (28 * (1 + i % 3), 56), rgb).save(buffer, format="PNG")
+        (folder / "img" / f"{i}.png").write_bytes(buffer.getvalue())
+        rows.append(
+            {
+                "prompt": [{"role": "user", "content": "<image>Which colour? Answer after ####."}],
+                "images": [f"img/{i}.png"],
+                "data_source": "openai/gsm8k",
+                "reward_model": {"style": "rule", "ground_truth": name},
+            }
+        )
+    path = folder / "colours.jsonl"
+    path.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    return path
+
+
+def test_rlcore_train_carries_images_from_the_data_to_the_rollout_and_the_trainer(tmp_path, rlcore_train):
+    model = build_tiny_vlm(tmp_path / "vlm")
+    data = _data(tmp_path / "data")
+    _, run_dir = rlcore_train(
+        tmp_path,
+        "vlm",
+        f"model.path={model}",
+        f"data.train_files=[{data}]",
+        "data.val_files=[]",
+        "data.train_batch_size=4",
+        "rollout.engine=hf",
+        "rollout.n=2",
+        "rollout.max_response_length=8",
+        "trainer.total_steps=2",
+        "trainer.warmup_sft_steps=0",
+    )
+    records = [r for r in read_metrics(run_dir / "metrics.jsonl") if r["step"] > 0]
+    assert [r["step"] for r in records] == [1, 2]
+    # The rows trained on hold each image's tokens as the model's own processor expands them: the step's
+    # mean prompt length is that of the processor's inputs for the rows the step drew.
+    vision = VisionInputs.for_model(model)
+    rows = [json.loads(line) for line in data.read_text().splitlines()]
+    steps = {s["step"]: s["index"] for s in read_samples(run_dir / SAMPLES_FILE)}
+    for r in records:
+        lengths = []
+        for i in steps[r["step"]]:
+            messages = image_parts(rows[i]["prompt"], 1, "row")
+            text = vision.tokenizer.apply_chat_template(messages, add_generation_prompt=True, tokenize=False)
+            image = Image.open(data.parent / rows[i]["images"][0]).convert("RGB")
+            lengths.append(vision.processor(text=[text], images=[image])["input_ids"][0].__len__())
+        assert r["prompt_length/mean"] == sum(lengths) / len(lengths), r
+        # The trainer's log-probs, with the images, are the rollout's.
+        assert r["rollout/logprob_diff_mean"] < GAP and r["rollout/mismatch_k3_kl"] < GAP, r
+        assert r["sync/logprob_diff_max"] < GAP if "sync/logprob_diff_max" in r else True
