@@ -5,6 +5,10 @@ metrics, fp32 on both sides). Tiny Qwen2.5-VL, HF rollout, FSDP, 2 steps."""
 
 import io
 import json
+import os
+import subprocess
+import sys
+from pathlib import Path
 
 from PIL import Image
 from rlcore.telemetry.loggers import read_metrics
@@ -12,6 +16,7 @@ from rlcore.telemetry.samples import SAMPLES_FILE, read_samples
 from rlcore.testing.tiny_vlm import build_tiny_vlm
 from rlcore.vision import VisionInputs, image_parts
 
+RLCORE = Path(sys.executable).with_name("rlcore")
 #: fp32 trainer against the fp32 HF rollout with images: measured below 1e-6 (tests/test_vision_rollouts.py).
 GAP = 1e-3
 
@@ -77,3 +82,44 @@ def test_rlcore_train_carries_images_from_the_data_to_the_rollout_and_the_traine
         # The trainer's log-probs, with the images, are the rollout's.
         assert r["rollout/logprob_diff_mean"] < GAP and r["rollout/mismatch_k3_kl"] < GAP, r
         assert r["sync/logprob_diff_max"] < GAP if "sync/logprob_diff_max" in r else True
+
+
+def test_the_post_sync_check_sees_a_vision_tower_left_out_of_the_sync(tmp_path):
+    """From the second load on the rollout keeps its vision tower's initial weights (``visual.*``): the
+    check's probes are the data's first rows, with their images, so the trained sync stops the run. (With
+    text probes, the check's old ones, the vision tower never ran in it and this sync passed.)"""
+    from rlcore.testing.faults import SKIP_WEIGHTS_ENV
+
+    model = build_tiny_vlm(tmp_path / "vlm")
+    data = _data(tmp_path / "data")
+    env = {**os.environ, "RLCORE_CACHE_DIR": str(tmp_path / "cache"), SKIP_WEIGHTS_ENV: "visual.:2"}
+    env.pop("RAY_ADDRESS", None)
+    proc = subprocess.run(
+        [
+            str(RLCORE),
+            "train",
+            f"trainer.output_dir={tmp_path / 'runs'}",
+            "trainer.experiment_name=broken",
+            f"model.path={model}",
+            f"data.train_files=[{data}]",
+            "data.val_files=[]",
+            "data.train_batch_size=4",
+            "rollout.engine=hf",
+            "rollout.n=2",
+            "rollout.max_response_length=8",
+            "trainer.total_steps=2",
+            "trainer.warmup_sft_steps=0",
+            # The reward is 0 for a random model, so GRPO's advantages are too: the entropy bonus makes the
+            # step move the weights, the vision tower's among them.
+            "algorithm.entropy_coeff=0.1",
+            "actor.optim.lr=1e-2",
+        ],
+        capture_output=True,
+        text=True,
+        env=env,
+        cwd=tmp_path,
+        timeout=600,
+    )
+    output = proc.stdout + proc.stderr
+    assert proc.returncode != 0, output[-3000:]
+    assert "training stopped at step 1 in phase 'sync_weights': WeightSyncMismatch" in output, output[-3000:]

@@ -141,6 +141,9 @@ class StepContext:
     kl_ctrl: Any = None
     #: token ids of the prompts the post-sync check generates from
     probe_prompts: list[list[int]] = attrs.Factory(list)
+    #: their images (``multi_modal_data`` of the data rows, :mod:`rlcore.vision`), or None for text
+    #: probes: with a vision model the check covers the vision tower too
+    probe_media: list | None = None
     #: the post-sync check's floor, measured at this process's first check (the initial sync)
     sync_floor: Any = None
     seed: int = 0

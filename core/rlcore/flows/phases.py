@@ -402,8 +402,13 @@ def sync_weights(ctx: StepContext) -> dict[str, float]:
             params = ctx.sampling_params(
                 n=PROBE_SAMPLES, max_tokens=min(PROBE_TOKENS, ctx.config.rollout.max_response_length)
             )
-            completions = ctx.rollout.generate(ctx.probe_prompts, params)
+            if ctx.probe_media is not None:
+                completions = ctx.rollout.generate(ctx.probe_prompts, params, ctx.probe_media)
+            else:
+                completions = ctx.rollout.generate(ctx.probe_prompts, params)
             probe = completions_to_batch(completions, ctx.pad_token_id)
+            if ctx.probe_media is not None:
+                probe.objects["multi_modal_data"] = [m for m in ctx.probe_media for _ in range(params.n)]
             if bool(probe["response_mask"].any()):
                 trainer = ctx.actor.infer(probe, ("log_probs",))
                 args = (probe["rollout_log_probs"], trainer["log_probs"], probe["response_mask"])

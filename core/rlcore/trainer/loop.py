@@ -142,6 +142,7 @@ class Trainer:
             if self.preset.use_kl_in_reward
             else None,
             probe_prompts=[self.train_loader.dataset[i]["input_ids"].tolist() for i in range(probes)],
+            probe_media=probe_media(self.train_loader.dataset, probes),
             seed=cfg.trainer.seed,
         )
         self.resumed_from = self._checkpoint_to_resume()
@@ -590,3 +591,10 @@ def _config_dict(config: Any) -> dict[str, Any]:
     from rlcore.config import to_dict
 
     return to_dict(config)
+
+
+def probe_media(dataset: Any, probes: int) -> list | None:
+    """The images of the post-sync check's probe rows (the data's first ``probes``), or None when none
+    has any: a vision model's check then covers its vision tower."""
+    media = [dataset[i].get("multi_modal_data") for i in range(probes)]
+    return media if any(media) else None
