@@ -374,7 +374,9 @@ def test_batch_seeding_reproduces_without_request_seeds(engine, monkeypatch):
 
     sent = []
     to_vllm = engine_module.to_vllm
-    monkeypatch.setattr(engine_module, "to_vllm", lambda p, seed: sent.append(seed) or to_vllm(p, seed))
+    monkeypatch.setattr(
+        engine_module, "to_vllm", lambda p, seed, *rest: sent.append(seed) or to_vllm(p, seed, *rest)
+    )
     g = torch.Generator().manual_seed(5)
     prompts = [torch.randint(3, 1000, (8,), generator=g).tolist() for _ in range(6)]
     params = SamplingParams(n=4, temperature=1.0, max_tokens=6, seed=21)
