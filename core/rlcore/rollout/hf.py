@@ -121,13 +121,16 @@ class HFRollout(RolloutEngine):
     ) -> list[list[Completion]]:
         check_sampling(params)
         media = check_multi_modal(multi_modal, len(prompts), self.vision, engine="hf")
+        images = None  # each prompt's image inputs (None for a prompt without images)
         if media is not None:
-            prompts = [self.vision.expand(p, m) for p, m in zip(prompts, media, strict=True)]
+            prompts, images = zip(
+                *(self.vision.prompt_inputs(p, m) for p, m in zip(prompts, media, strict=True)), strict=True
+            )
         checked = check_prompts(
             prompts, params, vocab_size=self.vocab_size, max_model_len=self.spec.max_model_len, engine="hf"
         )
         rows = [p for p in checked for _ in range(params.n)]
-        row_media = None if media is None else [m for m in media for _ in range(params.n)]
+        row_media = None if images is None else [m for m in images for _ in range(params.n)]
         with self._lock:
             if "weights" in self._released:
                 raise RuntimeError(
@@ -167,11 +170,11 @@ class HFRollout(RolloutEngine):
         rows: list[list[int]],
         params: SamplingParams,
         generator: torch.Generator | None,
-        media: list[Mapping | None] | None = None,
+        media: list[dict | None] | None = None,
     ) -> list[Completion]:
         """Sample one chunk. Rows are left-padded to a common width ``W``; both decode paths derive position
         ids from the attention mask, so each row sees the positions it would see alone (the model's own
-        M-RoPE positions with ``media``, the rows' images, through ``generate``)."""
+        M-RoPE positions with ``media``, the rows' image inputs, through ``generate``)."""
         width = max(len(r) for r in rows)
         input_ids = torch.full((len(rows), width), self.pad_id, dtype=torch.long)
         attention_mask = torch.zeros((len(rows), width), dtype=torch.long)

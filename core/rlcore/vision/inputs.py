@@ -24,6 +24,8 @@ import os
 from collections.abc import Mapping, Sequence
 from typing import Any
 
+import torch
+
 #: The media kinds a request may carry.
 MODALITIES = ("image",)
 #: The logit bias of a vision model's image tokens in every engine (vLLM's ``logit_bias`` takes it as is):
@@ -93,31 +95,35 @@ class VisionInputs:
         """How many image tokens each image of ``image_grid_thw [I, 3]`` becomes in the model's input."""
         return [int(t * h * w) // self.merge_size**2 for t, h, w in image_grid_thw.tolist()]
 
-    def expand(self, prompt_ids: Sequence[int], media: Mapping | None) -> list[int]:
-        """``prompt_ids`` (one image token per image) as the model reads it: each image's token repeated
-        for its patches. Unchanged without images."""
+    def prompt_inputs(
+        self, prompt_ids: Sequence[int], media: Mapping | None
+    ) -> tuple[list[int], dict | None]:
+        """``prompt_ids`` (one image token per image) as the model reads it, each image's token repeated
+        for its patches, and its images' :meth:`image_inputs` (None without images): the images are
+        processed once per prompt, however many rows sample from it."""
         images = images_of(media)
         if not images:
-            return list(prompt_ids)
-        grid = self.image_inputs(images)["image_grid_thw"]
-        return expand_image_tokens(
-            prompt_ids, image_token_id=self.image_token_id, counts=self.tokens_per_image(grid)
-        )
+            return list(prompt_ids), None
+        inputs = self.image_inputs(images)
+        counts = self.tokens_per_image(inputs["image_grid_thw"])
+        return expand_image_tokens(prompt_ids, image_token_id=self.image_token_id, counts=counts), inputs
 
-    def batch_inputs(self, input_ids: Any, media: Sequence[Mapping | None]) -> dict[str, Any]:
+    def batch_inputs(self, input_ids: Any, row_inputs: Sequence[dict | None]) -> dict[str, Any]:
         """The model's image inputs for rows ``input_ids [b, T]`` (expanded prompts, any padding) whose
-        images are ``media[i]``: ``pixel_values`` and ``image_grid_thw`` of all rows' images in row order,
-        and ``mm_token_type_ids [b, T]``. ``{}`` when no row has an image."""
-        images = [image for m in media for image in images_of(m)]
-        if not images:
+        images' :meth:`image_inputs` are ``row_inputs[i]`` (None for a row without images):
+        ``pixel_values`` and ``image_grid_thw`` of all rows' images in row order, and
+        ``mm_token_type_ids [b, T]``. ``{}`` when no row has an image."""
+        parts = [r for r in row_inputs if r is not None]
+        if not parts:
             return {}
-        out = self.image_inputs(images)
+        out = {key: torch.cat([r[key] for r in parts]) for key in ("pixel_values", "image_grid_thw")}
         expected = sum(self.tokens_per_image(out["image_grid_thw"]))
         is_image = input_ids == self.image_token_id
         if int(is_image.sum()) != expected:
             raise ValueError(
-                f"the rows hold {int(is_image.sum())} image tokens but their {len(images)} images make {expected}: "
-                "the prompts were not expanded for these images (VisionInputs.expand)"
+                f"the rows hold {int(is_image.sum())} image tokens but their {len(out['image_grid_thw'])} "
+                f"images make {expected}: the prompts were not expanded for these images "
+                "(VisionInputs.prompt_inputs)"
             )
         return {**out, "mm_token_type_ids": is_image.int()}
 
