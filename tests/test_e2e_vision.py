@@ -17,6 +17,16 @@ from rlcore.testing.tiny_vlm import build_tiny_vlm
 from rlcore.vision import VisionInputs, image_parts
 
 RLCORE = Path(sys.executable).with_name("rlcore")
+#: Both runs: 4 prompts x 2 samples of 8 tokens a step, 2 steps, the HF rollout, no validation set.
+RUN = (
+    "data.val_files=[]",
+    "data.train_batch_size=4",
+    "rollout.engine=hf",
+    "rollout.n=2",
+    "rollout.max_response_length=8",
+    "trainer.total_steps=2",
+    "trainer.warmup_sft_steps=0",
+)
 #: fp32 trainer against the fp32 HF rollout with images: measured below 1e-6 (tests/test_vision_rollouts.py).
 GAP = 1e-3
 
@@ -56,13 +66,7 @@ def test_rlcore_train_carries_images_from_the_data_to_the_rollout_and_the_traine
         "vlm",
         f"model.path={model}",
         f"data.train_files=[{data}]",
-        "data.val_files=[]",
-        "data.train_batch_size=4",
-        "rollout.engine=hf",
-        "rollout.n=2",
-        "rollout.max_response_length=8",
-        "trainer.total_steps=2",
-        "trainer.warmup_sft_steps=0",
+        *RUN,
     )
     records = [r for r in read_metrics(run_dir / "metrics.jsonl") if r["step"] > 0]
     assert [r["step"] for r in records] == [1, 2]
@@ -102,13 +106,7 @@ def test_the_post_sync_check_sees_a_vision_tower_left_out_of_the_sync(tmp_path):
             "trainer.experiment_name=broken",
             f"model.path={model}",
             f"data.train_files=[{data}]",
-            "data.val_files=[]",
-            "data.train_batch_size=4",
-            "rollout.engine=hf",
-            "rollout.n=2",
-            "rollout.max_response_length=8",
-            "trainer.total_steps=2",
-            "trainer.warmup_sft_steps=0",
+            *RUN,
             # The reward is 0 for a random model, so GRPO's advantages are too: the entropy bonus makes the
             # step move the weights, the vision tower's among them.
             "algorithm.entropy_coeff=0.1",
