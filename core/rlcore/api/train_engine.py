@@ -104,6 +104,9 @@ class EngineSpec:
     seed: int = 0
     # A LoRA adapter to train instead of the full weights (engines with ``supports_lora`` only).
     lora: LoraSpec | None = None
+    # A vision-language model's vision tower (the image encoder and its merger into the language model)
+    # kept at its loaded weights: only the language part trains.
+    freeze_vision_tower: bool = False
 
 
 class TrainEngine(abc.ABC):

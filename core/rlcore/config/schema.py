@@ -160,6 +160,9 @@ class ActorConfig:
     recompute_old_log_probs: str = attrs.field(default="auto", validator=_one_of("auto", "always"))
     #: Train a LoRA adapter instead of the full weights (``lora.rank > 0``).
     lora: LoraConfig = attrs.Factory(LoraConfig)
+    #: A vision-language model's vision tower (its image encoder and the merger into the language model)
+    #: stays at its loaded weights; the language model trains (verl's ``actor.freeze_vision_tower``).
+    freeze_vision_tower: bool = False
 
 
 @attrs.define(kw_only=True)

@@ -63,6 +63,7 @@ def engine_spec(config: Any, role: str) -> EngineSpec:
         temperature=temperature,
         seed=config.trainer.seed,
         lora=lora_spec(config) if role == "actor" else None,
+        freeze_vision_tower=config.actor.freeze_vision_tower and role == "actor",
     )
 
 

@@ -57,7 +57,7 @@ from rlcore_fsdp.model import HeadedModel, load_hf_model, torch_dtype
 from rlcore_fsdp.parallelize import parallelize
 from rlcore_fsdp.schedule import check_schedule, lr_factor
 from rlcore_fsdp.sequence_parallel import check_heads, gather_slots, new_group, shard_inputs
-from rlcore_fsdp.vision import vision_layout
+from rlcore_fsdp.vision import freeze_vision_tower, vision_layout
 
 #: What :meth:`FSDPEngine.infer` can return per head (``base_log_probs``: a LoRA engine's base model).
 HEAD_OUTPUTS = {"lm": ("log_probs", "entropy"), "value": ("values",), "score": ("scores",)}
@@ -189,6 +189,8 @@ class FSDPEngine(TrainEngine):
                 first_name[id(param)] = name
         if not spec.trainable:
             hf.requires_grad_(False)
+        elif spec.freeze_vision_tower:
+            freeze_vision_tower(hf, self._vision is not None, spec.model_path)
         self.module = HeadedModel(
             hf,
             spec.head,

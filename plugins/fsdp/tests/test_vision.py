@@ -166,3 +166,42 @@ def test_a_training_step_reaches_the_vision_tower_and_the_export_loads(vlm, tmp_
     reloaded = AutoModelForImageTextToText.from_pretrained(tmp_path / "out")
     patch = next(v for k, v in reloaded.state_dict().items() if k.endswith("patch_embed.proj.weight"))
     assert torch.equal(patch, next(v for k, v in after.items() if k.endswith("patch_embed.proj.weight")))
+
+
+def test_a_frozen_vision_tower_keeps_its_weights_while_the_language_model_trains(vlm, tmp_path):
+    _, _, _, batch = _rows(vlm)
+    batch.meta["global_tokens"] = int(batch["response_mask"].sum())
+    engine = FSDPEngine(
+        EngineSpec(model_path=str(vlm), lr=1e-2, freeze_vision_tower=True),
+        FSDPConfig(),
+        get_platform("cpu"),
+        DistInfo(),
+    )
+    try:
+        before = {k: v.clone() for bucket in engine.export_weights(torch.float32, 1 << 30) for k, v in bucket}
+        engine.train_step(batch, token_nll_loss)
+        after = {k: v for bucket in engine.export_weights(torch.float32, 1 << 30) for k, v in bucket}
+        trained = {id(p) for group in engine.optimizer.param_groups for p in group["params"]}
+        held = sum(p.numel() for p in engine.module.parameters() if id(p) in trained)
+    finally:
+        engine.close()
+    visual = [k for k in before if "visual." in k]
+    assert visual and all(torch.equal(before[k], after[k]) for k in visual), "the tower stayed"
+    assert any(not torch.equal(before[k], after[k]) for k in before if "visual." not in k), "the LM trained"
+    total = sum(v.numel() for k, v in before.items() if k != "lm_head.weight")
+    assert held < total  # the optimizer holds no tower parameter
+
+
+def test_freezing_the_vision_tower_of_a_text_model_is_an_error_naming_the_key(tmp_path):
+    from rlcore.testing.tiny import build_tiny_model
+
+    text_model = build_tiny_model(tmp_path / "text")
+    with pytest.raises(
+        ValueError, match=r"actor.freeze_vision_tower=true, but the model .* has no vision tower"
+    ):
+        FSDPEngine(
+            EngineSpec(model_path=str(text_model), freeze_vision_tower=True),
+            FSDPConfig(),
+            get_platform("cpu"),
+            DistInfo(),
+        )

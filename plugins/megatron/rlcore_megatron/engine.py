@@ -34,6 +34,7 @@ from megatron.core.pipeline_parallel import get_forward_backward_func
 from rlcore.adapters import write_peft_adapter
 from rlcore.api import Batch, DistInfo, EngineSpec, LossFn, TrainEngine, WeightBucket
 from rlcore.kernels.logits import linear_log_probs
+from rlcore.vision import is_vision_model
 from rlcore.weights import bucketize
 from transformers import AutoConfig
 
@@ -167,6 +168,12 @@ class MegatronEngine(TrainEngine):
         if spec.head not in HEAD_OUTPUTS:
             raise ValueError(
                 f"unknown head {spec.head!r}; the megatron engine supports {', '.join(HEAD_OUTPUTS)}"
+            )
+        if spec.freeze_vision_tower or is_vision_model(spec.model_path):
+            what = "actor.freeze_vision_tower=true" if spec.freeze_vision_tower else f"{spec.model_path!r}"
+            raise ValueError(
+                f"{what}: the megatron engine trains text models only, not vision-language models "
+                "(docs/vision.md says why); train them with --engine fsdp"
             )
         self.device = platform.set_device(dist.local_rank)
         if self.device.type == "cpu" and not getattr(torch.cuda, CPU_REDIRECT_FLAG, False):
