@@ -294,6 +294,7 @@ class Trainer:
             return []
         from rlcore.agents.config import data_with_tools
         from rlcore.trainer.sft import load_sft_examples
+        from rlcore.vision import VisionInputs
 
         return load_sft_examples(
             cfg.sft.files,
@@ -305,6 +306,8 @@ class Trainer:
             max_response_length=cfg.sft.max_response_length,
             # As RL prompts are rendered: an agent run's warm-up prompts offer the same tools.
             chat_template_kwargs=data_with_tools(cfg.data, cfg.agent).apply_chat_template_kwargs,
+            image_key=cfg.data.image_key,
+            vision=VisionInputs.for_model(cfg.model.path),
         )
 
     def next_prompts(self) -> Batch:

@@ -59,10 +59,13 @@ class NLLLoss:
 
 @attrs.define
 class SFTExample:
-    """One example: the rendered prompt's token ids and the response's (end-of-sequence included)."""
+    """One example: the rendered prompt's token ids and the response's (end-of-sequence included); with
+    images, ``multi_modal`` holds them (``{"image": [PIL.Image, ...]}``) and ``prompt_ids`` is the prompt
+    as the model reads it, each image's token repeated for its patches (what a rollout returns)."""
 
     prompt_ids: list[int]
     response_ids: list[int]
+    multi_modal: dict[str, Any] | None = None
 
 
 def load_sft_examples(
@@ -75,13 +78,19 @@ def load_sft_examples(
     max_prompt_length: int | None = None,
     max_response_length: int | None = None,
     chat_template_kwargs: dict[str, Any] | None = None,
+    image_key: str = "images",
+    vision: Any = None,
 ) -> list[SFTExample]:
     """Examples from parquet/jsonl ``files``: column ``prompt_key`` holds chat messages (or text, with
     ``apply_chat_template=False``), column ``response_key`` the response text. Prompts are rendered as
     RL prompts are (chat template with the generation prompt and ``chat_template_kwargs``, the run's
     ``data.apply_chat_template_kwargs``: the tools' schemas of an agent run among them); responses get
     the tokenizer's end-of-sequence token appended. A bad row, or one over a length limit, is an error
-    naming it."""
+    naming it.
+
+    Rows with images (column ``image_key``, as in RL data: :mod:`rlcore.data.images`) need ``vision``,
+    the model's :class:`~rlcore.vision.VisionInputs`: the prompt is expanded for its images as the
+    trainer reads it, and the length limit counts one token per image, as RL prompts do."""
     if not files:
         raise DataError(
             "no SFT data files given: set sft.files to parquet/jsonl files of prompt/response rows"
@@ -96,6 +105,7 @@ def load_sft_examples(
         loaded = read_file(path)
         for i, row in enumerate(loaded.rows):
             where = loaded.where(i)
+            row, media = _with_images(row, loaded.path, where, prompt_key, image_key, vision)
             text = _render_prompt(
                 row, where, tokenizer, prompt_key, apply_chat_template, chat_template_kwargs
             )
@@ -115,8 +125,37 @@ def load_sft_examples(
                     raise DataError(
                         f"{where}: the {what} is {len(ids)} tokens long, over {key}={limit}; raise it"
                     )
-            examples.append(SFTExample(prompt_ids, response_ids))
+            if media is not None:
+                prompt_ids, _ = vision.prompt_inputs(prompt_ids, media)
+            examples.append(SFTExample(prompt_ids, response_ids, media))
     return examples
+
+
+def _with_images(
+    row: dict[str, Any], path: str, where: str, prompt_key: str, image_key: str, vision: Any
+) -> tuple[dict[str, Any], dict[str, Any] | None]:
+    """``row`` with its prompt's ``<image>`` places made image parts, and its images; ``(row, None)`` for a
+    row without any."""
+    from rlcore.data.images import image_parts, load_images
+
+    value = row.get(image_key)
+    if value is None:
+        return row, None
+    images = load_images(value, base_dir=os.path.dirname(os.path.abspath(path)), where=where, key=image_key)
+    if not images:
+        return row, None
+    if vision is None:
+        raise DataError(
+            f"{where}: the row has images (column {image_key!r}) but the model has no vision tower; "
+            "warm up a vision-language model or drop the column"
+        )
+    if not isinstance(row.get(prompt_key), list):
+        raise DataError(
+            f"{where}: a row with images needs chat messages in {prompt_key!r}, whose template renders "
+            "each image's place"
+        )
+    row = {**row, prompt_key: image_parts(row[prompt_key], len(images), where)}
+    return row, {"image": images}
 
 
 def _render_prompt(
@@ -150,9 +189,14 @@ def _render_prompt(
 
 def sft_batch(examples: Sequence[SFTExample], pad_token_id: int) -> Batch:
     """The standard train layout (:func:`~rlcore.rollout.batching.completions_to_batch`) of ``examples``:
-    ``input_ids``/``attention_mask``/``position_ids [B, P+R]``, ``responses``/``response_mask [B, R]``."""
+    ``input_ids``/``attention_mask``/``position_ids [B, P+R]``, ``responses``/``response_mask [B, R]``;
+    with images, ``objects["multi_modal_data"]`` (one entry a row, None for a row without), as a rollout's
+    batch carries them to the trainer."""
     completions = [Completion(list(e.prompt_ids), list(e.response_ids), None, "stop") for e in examples]
-    return completions_to_batch(completions, pad_token_id)
+    batch = completions_to_batch(completions, pad_token_id)
+    if any(e.multi_modal is not None for e in examples):
+        batch.objects["multi_modal_data"] = [e.multi_modal for e in examples]
+    return batch
 
 
 class SFTTrainer:
