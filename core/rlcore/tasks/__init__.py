@@ -29,12 +29,14 @@ from typing import Any
 BUILTIN_PREFIX = "builtin:"
 #: The task ``rlcore train`` runs when ``data.train_files`` is empty.
 DEFAULT_TASK = "copy_word"
-#: Task name -> module with ``SPLITS``, ``rows(split)``, ``compute_score``, ``DATA_SOURCE``, ``RECIPE``.
+#: Task name -> module with ``SPLITS``, ``rows(split)``, ``compute_score``, ``DATA_SOURCE``, ``RECIPE``;
+#: a task with images also has ``images(split)``: ``(path relative to the split's file, PIL.Image)`` pairs.
 TASKS = {
     "copy_word": "rlcore.tasks.copy_word",
     "tool_add": "rlcore.tasks.tool_add",
     "addition": "rlcore.tasks.addition",
     "tool_sum": "rlcore.tasks.tool_sum",
+    "count_shapes": "rlcore.tasks.count_shapes",
 }
 
 
@@ -70,10 +72,18 @@ def parse_builtin(path: str) -> tuple[str, str]:
 
 def write_split(task: str, split: str, folder: str | os.PathLike) -> Path:
     """Write ``<folder>/<task>/<split>.jsonl`` (atomically: a concurrent reader never sees half a file)
-    and return its path. The rows are a pure function of the task and split, so rewriting is harmless."""
-    rows = task_module(task).rows(split)
+    and return its path. The rows are a pure function of the task and split, so rewriting is harmless.
+    A visual task's images are written first (each atomically), so the file never names a missing one."""
+    module = task_module(task)
+    rows = module.rows(split)
     path = Path(folder) / task / f"{split}.jsonl"
     path.parent.mkdir(parents=True, exist_ok=True)
+    for name, image in getattr(module, "images", lambda _: [])(split):
+        target = path.parent / name
+        target.parent.mkdir(parents=True, exist_ok=True)
+        part = target.with_name(f".{target.name}.{os.getpid()}.tmp")
+        image.save(part, format="PNG")
+        os.replace(part, target)
     tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
     tmp.write_text("".join(json.dumps(row) + "\n" for row in rows))
     os.replace(tmp, path)

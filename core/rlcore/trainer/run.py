@@ -85,7 +85,7 @@ def resolve_model_path(path: str) -> str:
     if path.startswith(("/", ".", "~")) or path.count("/") != 1:
         raise FileNotFoundError(
             f"model folder {path!r} does not exist. Set model.path to a local Hugging Face model folder, a hub "
-            "id (org/name), or a built-in model (builtin:tiny, builtin:smollm2-135m-instruct)."
+            "id (org/name), or a built-in model (builtin:tiny, builtin:tiny-vlm, builtin:smollm2-135m-instruct)."
         )
     return path
 
