@@ -318,6 +318,7 @@ class VLLMRollout(RolloutEngine):
             finally:
                 if stream.loaded:
                     self._weights_discarded = False
+                    self._drop_image_embeddings(llm)
                     # With the KV cache released, resuming it drops the prefix cache anyway.
                     if (
                         "kv_cache" not in self._released
@@ -327,6 +328,21 @@ class VLLMRollout(RolloutEngine):
                         _reset_prefix_cache(llm)
                         self._prefix_cache_dirty = False
         stream.raise_if_failed()
+
+    def _drop_image_embeddings(self, llm: Any) -> None:
+        """After new weights, a vision model's cached image embeddings are stale: vLLM keeps each
+        image's encoder output by the image's hash across requests, so a later prompt with the same image
+        would reuse what the old vision tower computed (and after a prefix-cache reset, vLLM 0.32 could
+        find its scheduler and worker caches disagree: "Encoder cache miss"). Dropped at every load."""
+        if self.vision is None:
+            return
+        reset = getattr(llm.llm_engine, "reset_encoder_cache", None)
+        if reset is None:
+            raise RuntimeError(
+                "vllm rollout: this vLLM has no reset_encoder_cache, so a vision model's cached image "
+                "embeddings would outlive a weight sync; use vLLM 0.32 or later for vision-language models"
+            )
+        reset()
 
     def loads_adapters(self) -> bool:
         """See :meth:`rlcore.api.RolloutEngine.loads_adapters` and :func:`rlcore_vllm.adapters.serves_adapters`."""
@@ -343,6 +359,7 @@ class VLLMRollout(RolloutEngine):
         tensors = [(name, t.to(self.dtype)) for name, t in assemble(buckets)]
         with self._loop.exclusive() as llm:
             self._loop.lora_request = self.adapter.load(llm, tensors)
+            self._drop_image_embeddings(llm)
             if self._prefix_cache_dirty and self.config.reset_prefix_cache_after_load:
                 _reset_prefix_cache(llm)
                 self._prefix_cache_dirty = False
