@@ -97,21 +97,23 @@ def test_hf_rollout_log_probs_with_images_match_float64_transformers(tiny_vlm, a
 
 
 @pytest.mark.vllm
-def test_vllm_cpu_log_probs_with_images_match_float64_transformers(tiny_vlm):
+@pytest.mark.parametrize("architecture", ["qwen2_5_vl", "qwen3_vl"])
+def test_vllm_cpu_log_probs_with_images_match_float64_transformers(tiny_vlm, architecture):
     pytest.importorskip("vllm")
     from rlcore_vllm.config import VLLMConfig
     from rlcore_vllm.engine import VLLMRollout
 
-    path = tiny_vlm("qwen2_5_vl")
+    path = tiny_vlm(architecture)
     spec = RolloutSpec(model_path=str(path), dtype="float32", max_model_len=512)
     engine = VLLMRollout(spec, VLLMConfig(enforce_eager=True, kv_cache_memory_gib=0.25), get_platform("cpu"))
     try:
         _check(engine, path)
         # New vision weights reach the images' embeddings: vLLM caches each image's encoder output by
         # the image's hash, and the same images come again (the post-sync check's probes do so every sync).
-        moved = _with_vision_moved(path, path.parent / "tiny-qwen2_5_vl-moved")
-        engine.load_weights([[(name, t) for name, t in moved.items() if name.startswith("visual.")]])
-        _check(engine, path.parent / "tiny-qwen2_5_vl-moved")
+        moved_path = path.parent / f"{path.name}-moved"
+        moved = _with_vision_moved(path, moved_path)
+        engine.load_weights([[(name, t) for name, t in moved.items() if "visual." in name]])
+        _check(engine, moved_path)
     finally:
         engine.shutdown()
 
@@ -127,7 +129,7 @@ def _with_vision_moved(path, target):
     tensors = load_file(str(path / "model.safetensors"))
     g = torch.Generator().manual_seed(1)
     for name, t in tensors.items():
-        if name.startswith("visual."):
+        if "visual." in name:  # Qwen2.5-VL's visual.*, Qwen3-VL's model.visual.*
             tensors[name] = t + 0.5 * t.std().nan_to_num() * torch.randn(t.shape, generator=g, dtype=t.dtype)
     save_file(tensors, str(target / "model.safetensors"), metadata={"format": "pt"})
     return tensors
