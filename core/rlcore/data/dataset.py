@@ -16,7 +16,7 @@ import numpy as np
 
 from rlcore.data.config import DataConfig
 from rlcore.data.files import DataError, LoadedFile, read_file
-from rlcore.data.images import image_parts, load_images
+from rlcore.data.images import prompt_images
 from rlcore.data.schema import RESERVED_NAMES, Sample, check_columns, parse_row
 
 logger = logging.getLogger(__name__)
@@ -94,21 +94,11 @@ class RLDataset:
         value = sample.extras.pop(self.config.image_key, None)
         if value is None:
             return sample
-        where = loaded.where(row)
-        images = load_images(
-            value,
-            base_dir=os.path.dirname(os.path.abspath(loaded.path)),
-            where=where,
-            key=self.config.image_key,
+        sample.prompt, images = prompt_images(
+            sample.prompt, value, data_file=loaded.path, where=loaded.where(row), key=self.config.image_key
         )
         if not images:
             return sample
-        if isinstance(sample.prompt, str):
-            raise DataError(
-                f"{where}: a row with images needs chat messages (data.apply_chat_template=true), whose "
-                f"template renders each image's place"
-            )
-        sample.prompt = image_parts(sample.prompt, len(images), where)
         sample.extras["multi_modal_data"] = {"image": images}
         return sample
 

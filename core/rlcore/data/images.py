@@ -50,6 +50,24 @@ def load_images(value: Any, *, base_dir: str, where: str, key: str = "images") -
     return [_load_one(item, base_dir, f"{where}, column {key!r}, image {j}") for j, item in enumerate(value)]
 
 
+def prompt_images(
+    prompt: Any, value: Any, *, data_file: str, where: str, key: str = "images"
+) -> tuple[Any, list[Any]]:
+    """A row's prompt and its decoded images: ``value`` (the row's image column) read with paths relative
+    to ``data_file``'s folder (:func:`load_images`), and the prompt's ``<image>`` places made image parts
+    (:func:`image_parts`); ``(prompt, [])`` for a row without images. Images need chat messages, whose
+    template renders each image's place: a text prompt with images is an error naming the row."""
+    images = load_images(value, base_dir=os.path.dirname(os.path.abspath(data_file)), where=where, key=key)
+    if not images:
+        return prompt, []
+    if not isinstance(prompt, list):
+        raise DataError(
+            f"{where}: a row with images needs chat messages (data.apply_chat_template=true), whose "
+            f"template renders each image's place"
+        )
+    return image_parts(prompt, len(images), where), images
+
+
 def _load_one(item: Any, base_dir: str, where: str) -> Any:
     from PIL import Image, UnidentifiedImageError
 

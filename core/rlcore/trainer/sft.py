@@ -136,12 +136,13 @@ def _with_images(
 ) -> tuple[dict[str, Any], dict[str, Any] | None]:
     """``row`` with its prompt's ``<image>`` places made image parts, and its images; ``(row, None)`` for a
     row without any."""
-    from rlcore.data.images import image_parts, load_images
+    from rlcore.data.images import prompt_images
 
-    value = row.get(image_key)
-    if value is None:
+    if row.get(image_key) is None:
         return row, None
-    images = load_images(value, base_dir=os.path.dirname(os.path.abspath(path)), where=where, key=image_key)
+    prompt, images = prompt_images(
+        row.get(prompt_key), row[image_key], data_file=path, where=where, key=image_key
+    )
     if not images:
         return row, None
     if vision is None:
@@ -149,13 +150,7 @@ def _with_images(
             f"{where}: the row has images (column {image_key!r}) but the model has no vision tower; "
             "warm up a vision-language model or drop the column"
         )
-    if not isinstance(row.get(prompt_key), list):
-        raise DataError(
-            f"{where}: a row with images needs chat messages in {prompt_key!r}, whose template renders "
-            "each image's place"
-        )
-    row = {**row, prompt_key: image_parts(row[prompt_key], len(images), where)}
-    return row, {"image": images}
+    return {**row, prompt_key: prompt}, {"image": images}
 
 
 def _render_prompt(

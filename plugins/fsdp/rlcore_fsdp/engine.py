@@ -190,7 +190,7 @@ class FSDPEngine(TrainEngine):
         if not spec.trainable:
             hf.requires_grad_(False)
         elif spec.freeze_vision_tower:
-            freeze_vision_tower(hf, self._vision is not None, spec.model_path)
+            freeze_vision_tower(hf, spec.model_path)
         self.module = HeadedModel(
             hf,
             spec.head,

@@ -100,19 +100,15 @@ def vision_layout(model_path: str, hf_model: torch.nn.Module) -> VisionLayout | 
 VISION_TOWER_NAMES = ("visual", "vision_tower", "vision_model")
 
 
-def freeze_vision_tower(hf: torch.nn.Module, is_vision: bool, model_path: str) -> list[str]:
+def freeze_vision_tower(hf: torch.nn.Module, model_path: str) -> None:
     """Stop gradients to ``hf``'s vision tower (``actor.freeze_vision_tower``): its parameters keep their
-    loaded weights and the optimizer never sees them. Returns the frozen parameters' names. A model
-    without a vision tower is an error naming the key."""
-    tower = None
-    if is_vision:
-        inner = getattr(hf, "model", hf)
-        tower = next((getattr(inner, n) for n in VISION_TOWER_NAMES if hasattr(inner, n)), None)
+    loaded weights and the optimizer never sees them. A model without a vision tower is an error naming
+    the key."""
+    inner = getattr(hf, "model", hf)
+    tower = next((getattr(inner, n) for n in VISION_TOWER_NAMES if hasattr(inner, n)), None)
     if tower is None:
         raise ValueError(
             f"actor.freeze_vision_tower=true, but the model {model_path!r} has no vision tower "
             f"(no {' / '.join(VISION_TOWER_NAMES)} module); set it to false for a text model"
         )
     tower.requires_grad_(False)
-    frozen = {id(p) for p in tower.parameters()}
-    return [name for name, p in hf.named_parameters() if id(p) in frozen]
