@@ -22,6 +22,7 @@ import copy
 import importlib
 import json
 import os
+from collections.abc import Callable
 from pathlib import Path
 from types import ModuleType
 from typing import Any
@@ -81,13 +82,17 @@ def write_split(task: str, split: str, folder: str | os.PathLike) -> Path:
     for name, image in getattr(module, "images", lambda _: [])(split):
         target = path.parent / name
         target.parent.mkdir(parents=True, exist_ok=True)
-        part = target.with_name(f".{target.name}.{os.getpid()}.tmp")
-        image.save(part, format="PNG")
-        os.replace(part, target)
-    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
-    tmp.write_text("".join(json.dumps(row) + "\n" for row in rows))
-    os.replace(tmp, path)
+        _replace_atomically(target, lambda part, image=image: image.save(part, format="PNG"))
+    _replace_atomically(path, lambda part: part.write_text("".join(json.dumps(row) + "\n" for row in rows)))
     return path
+
+
+def _replace_atomically(target: Path, write: Callable[[Path], Any]) -> None:
+    """``write(part)`` to a file beside ``target``, then rename it over ``target``: a concurrent reader
+    sees the old file or the whole new one."""
+    part = target.with_name(f".{target.name}.{os.getpid()}.tmp")
+    write(part)
+    os.replace(part, target)
 
 
 def resolve_files(paths: list[str], folder: str | os.PathLike) -> list[str]:
