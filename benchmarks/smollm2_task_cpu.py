@@ -39,10 +39,31 @@ from pathlib import Path
 from rlcore.telemetry.loggers import METRICS_FILE, read_metrics
 
 RESULTS = Path(__file__).resolve().parent / "results"
-#: task -> (results folder, row name prefix, what the plot's y axis counts)
+#: task -> (results folder, row name prefix, what the plot's y axis counts, held-out rows, model)
 TASKS = {
-    "addition": ("smollm2-task", "smollm2-task-accuracy-cpu-", "accuracy on 200 held-out sums"),
-    "tool_sum": ("smollm2-tool-task", "smollm2-tool-task-cpu-", "exact answers, 200 held-out (tool)"),
+    "addition": (
+        "smollm2-task",
+        "smollm2-task-accuracy-cpu-",
+        "accuracy on 200 held-out sums",
+        200,
+        "SmolLM2-135M-Instruct",
+    ),
+    "tool_sum": (
+        "smollm2-tool-task",
+        "smollm2-tool-task-cpu-",
+        "exact answers, 200 held-out (tool)",
+        200,
+        "SmolLM2-135M-Instruct",
+    ),
+    # The visual recipe (issue 54): its own model (builtin:tiny-vlm) and an SFT warm-up, so "before" is
+    # the held-out accuracy after the warm-up, where RL starts.
+    "count_shapes": (
+        "count-shapes-gpu",
+        "count-shapes-",
+        "accuracy on 128 held-out images",
+        128,
+        "the tiny Qwen2.5-VL",
+    ),
 }
 #: --agent -> (results folder, row name prefix) of the runs whose episodes an agent program drives.
 AGENT_PROGRAMS = {
@@ -52,7 +73,6 @@ AGENT_PROGRAMS = {
 AGENT_TASKS = ("tool_sum",)
 #: The example agent (the ``openai`` package only) and its folder, put on PYTHONPATH for ``--agent program``.
 EXAMPLE_AGENTS = Path(__file__).resolve().parents[1] / "examples" / "agents"
-HELD_OUT = 200
 MISMATCH_KEYS = ("sync/", "rollout/logprob_diff", "rollout/mismatch")
 Z95 = 1.959964
 
@@ -92,7 +112,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--results", type=Path, help="where NAME.json and NAME.png go")
     parser.add_argument("overrides", nargs="*", help="extra key=value overrides for rlcore train")
     args = parser.parse_args(argv)
-    folder, row_prefix, y_label = TASKS[args.task]
+    folder, row_prefix, y_label, held_out, _ = TASKS[args.task]
     agent_overrides, env = agent_program(args.agent)
     if agent_overrides:
         if args.task not in AGENT_TASKS:
@@ -125,19 +145,24 @@ def main(argv: list[str] | None = None) -> int:
     records = read_metrics(out / args.name / METRICS_FILE)
     curve = [(r["step"], r["val/reward"]) for r in records if "val/reward" in r]
     (_, before), (s1, after) = curve[0], curve[-1]
+    # With an SFT warm-up, RL starts from the accuracy after it (the step-0 record holds both).
+    before_sft = None
+    if "val/reward_after_sft" in records[0]:
+        before_sft, before = before, records[0]["val/reward_after_sft"]
     result = {
         "row": args.row or f"{row_prefix}{args.name}",
         "task": args.task,
         "agent": args.agent,
         "command": prefix + "rlcore train " + " ".join([task, *overrides]),
-        "held_out": HELD_OUT,
+        "held_out": held_out,
+        "before_sft": before_sft,
         "before": before,
         "after": after,
         "steps": s1,
-        "before_ci95": wilson(before, HELD_OUT),
-        "after_ci95": wilson(after, HELD_OUT),
+        "before_ci95": wilson(before, held_out),
+        "after_ci95": wilson(after, held_out),
         "gain_points": 100 * (after - before),
-        "gain_ci95_points": [100 * x for x in difference_interval(before, after, HELD_OUT)],
+        "gain_ci95_points": [100 * x for x in difference_interval(before, after, held_out)],
         "wall_s": wall,
         "curve": curve,
         # The rollout/trainer gap each step and at each post-sync check (issue 53).
@@ -200,7 +225,7 @@ def plot(result: dict, path: Path, y_label: str) -> None:
     ax.set_ylabel(y_label)
     ax.set_ylim(0, 1)
     ax.set_title(
-        f"SmolLM2-135M-Instruct on {result.get('task', 'addition')}, {result['wall_s'] / 60:.1f} min on "
+        f"{TASKS[result.get('task', 'addition')][4]} on {result.get('task', 'addition')}, {result['wall_s'] / 60:.1f} min on "
         f"{result.get('hardware', str(result['cpus']) + ' CPUs')}",
         fontsize=10,
     )

@@ -45,6 +45,8 @@ BASE = (
     "referencing",
     "rpds-py",
     "megatron-core==0.19.2",
+    # Images (rlcore.tasks.count_shapes draws them; the VLM processors read them): the machine may lack it.
+    "pillow==12.0.0",
 )
 # The GPU tests run with the bundle's pytest (the machine has none); `python3 -m pytest` needs no entry point.
 PYTEST = ("pytest", "iniconfig")

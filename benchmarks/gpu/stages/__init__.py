@@ -5,11 +5,11 @@
 
 from __future__ import annotations
 
-from . import fp8, fsdp, megatron, misc, models, overlap, sglang, step, vllm
+from . import fp8, fsdp, megatron, misc, models, overlap, sglang, step, vision, vllm
 from .base import Stage
 
 STAGES: dict[str, Stage] = {}
-for _family in (misc, fsdp, megatron, sglang, vllm, step, overlap, models, fp8):
+for _family in (misc, fsdp, megatron, sglang, vllm, step, overlap, models, fp8, vision):
     for _stage in _family.STAGES:
         assert _stage.name not in STAGES, f"stage {_stage.name} declared twice"
         STAGES[_stage.name] = _stage

@@ -40,6 +40,11 @@ def _non_negative(instance: Any, attribute: attrs.Attribute, value: int) -> None
         raise FieldValueError(attribute.name, f"must be >= 0, got {value!r}")
 
 
+def _at_least_minus_one(instance: Any, attribute: attrs.Attribute, value: int) -> None:
+    if value < -1:
+        raise FieldValueError(attribute.name, f"must be >= -1 (-1: never), got {value!r}")
+
+
 def _auto_or_non_negative(instance: Any, attribute: attrs.Attribute, value: float | str | None) -> None:
     if (
         value is None
@@ -459,8 +464,9 @@ class TrainerConfig:
     output_dir: str = "runs"
     #: Name of this run's directory; ``None``: the algorithm name and a timestamp.
     experiment_name: str | None = None
-    #: Save a checkpoint every N steps (0: only at the end).
-    save_freq: int = 0
+    #: Save a checkpoint every N steps (0: only at the end; -1: never, verl's setting, for benchmarks whose
+    #: checkpoint would only cost time and disk).
+    save_freq: int = attrs.field(default=0, validator=_at_least_minus_one)
     #: ``auto`` resumes from the latest checkpoint in the run directory, ``disable`` starts fresh, or a path.
     resume: str = "auto"
     #: When a worker process dies (a killed train rank or rollout replica, the OOM killer, a lost node), stop

@@ -56,9 +56,18 @@ def build_tiny_vlm(
     vision_hidden_size: int = 64,
     max_pixels: int = 112 * 112,
     seed: int = 0,
+    vocab_size: int | None = None,
+    text_config: dict[str, Any] | None = None,
+    vision_config: dict[str, Any] | None = None,
+    dtype: str = "float32",
+    device: str = "cpu",
 ) -> Path:
     """Save a random-init VLM, its tokenizer and processor to ``path``; return ``path``. Idempotent: an
-    existing complete folder with the same settings is reused."""
+    existing complete folder with the same settings is reused.
+
+    For a real model's shape with random weights (benchmarks): ``vocab_size`` above the tokenizer's (rows
+    no token reaches), ``text_config`` / ``vision_config`` entries over the tiny ones, the weights saved in
+    ``dtype`` and initialised on ``device`` (a GPU initialises billions of weights in seconds)."""
     import torch
     import transformers
 
@@ -76,6 +85,10 @@ def build_tiny_vlm(
         vision_hidden_size=vision_hidden_size,
         max_pixels=max_pixels,
         seed=seed,
+        vocab_size=vocab_size,
+        text_config=text_config,
+        vision_config=vision_config,
+        dtype=dtype,
         layout=2,  # 2: Qwen3-VL's config says mrope_interleaved (folders of layout 1 are rebuilt)
     )
     marker = path / "rlcore_tiny.json"
@@ -86,7 +99,7 @@ def build_tiny_vlm(
     ids = dict(zip(VISION_TOKENS, tokenizer.convert_tokens_to_ids(VISION_TOKENS), strict=True))
     head_dim = hidden_size // num_heads
     text = dict(
-        vocab_size=len(tokenizer),
+        vocab_size=max(vocab_size or 0, len(tokenizer)),
         hidden_size=hidden_size,
         intermediate_size=intermediate_size,
         num_hidden_layers=num_layers,
@@ -106,6 +119,7 @@ def build_tiny_vlm(
         # (`mrope_interleaved: true`): transformers always interleaves, vLLM only when the config says
         # it. Without the flag vLLM's image rows differed from transformers by 2e-2 to 6e-2.
         text["rope_scaling"]["mrope_interleaved"] = True
+    text.update(text_config or {})
     vision = dict(
         depth=vision_depth,
         hidden_size=vision_hidden_size,
@@ -124,12 +138,14 @@ def build_tiny_vlm(
     )
     if architecture == "qwen2_5_vl":
         vision.update(patch_size=14, window_size=56, fullatt_block_indexes=[vision_depth - 1])
+        vision.update(vision_config or {})
         config = transformers.Qwen2_5_VLConfig(text_config=text, vision_config=vision, **common)
         image_processor = transformers.Qwen2VLImageProcessor(min_pixels=28 * 28, max_pixels=max_pixels)
         video_processor = transformers.Qwen2VLVideoProcessor()
         processor_class = transformers.Qwen2_5_VLProcessor
     else:
         vision.update(patch_size=16, num_position_embeddings=64, deepstack_visual_indexes=[0])
+        vision.update(vision_config or {})
         config = transformers.Qwen3VLConfig(text_config=text, vision_config=vision, **common)
         image_processor = transformers.Qwen2VLImageProcessor(
             min_pixels=32 * 32, max_pixels=max_pixels, patch_size=16
@@ -137,7 +153,8 @@ def build_tiny_vlm(
         video_processor = transformers.Qwen3VLVideoProcessor()
         processor_class = transformers.Qwen3VLProcessor
     torch.manual_seed(seed)
-    model = getattr(transformers, VLM_ARCHITECTURES[architecture])(config)
+    with torch.device(device):
+        model = getattr(transformers, VLM_ARCHITECTURES[architecture])(config).to(getattr(torch, dtype))
     model.generation_config.eos_token_id = tokenizer.eos_token_id
     model.generation_config.pad_token_id = tokenizer.pad_token_id
     _save_quietly(model, path)

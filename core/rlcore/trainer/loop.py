@@ -439,7 +439,9 @@ class Trainer:
         ):
             metrics.update(self.validate())
         record = self._log(self.step, metrics, sinks=False)
-        if (cfg.save_freq > 0 and self.step % cfg.save_freq == 0) or self.step == cfg.total_steps:
+        if (cfg.save_freq > 0 and self.step % cfg.save_freq == 0) or (
+            self.step == cfg.total_steps and cfg.save_freq != -1
+        ):
             start = time.perf_counter()
             self.save()
             record["timing/save"] = time.perf_counter() - start

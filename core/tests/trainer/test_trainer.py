@@ -129,6 +129,24 @@ def test_resume_disable_starts_afresh(tmp_path, tiny_model_path):
         explicit.close()
 
 
+def test_save_freq_minus_one_never_saves(tmp_path, tiny_model_path):
+    files = task.write_task(tmp_path / "task")
+    trainer = make_trainer(
+        tmp_path,
+        files,
+        tiny_model_path,
+        trainer__total_steps=1,
+        trainer__save_freq=-1,
+        trainer__experiment_name="x",
+    )
+    try:
+        trainer.fit()
+    finally:
+        trainer.close()
+    run_dir = tmp_path / "runs" / "x"
+    assert (run_dir / "metrics.jsonl").is_file() and latest_checkpoint(run_dir) is None
+
+
 def engine(role) -> object:
     """The engine of a local role's only worker."""
     return role.group.workers[0].engine

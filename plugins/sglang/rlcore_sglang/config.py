@@ -37,6 +37,8 @@ ATTENTION_BACKENDS = (
 )
 #: Backends SGLang runs deterministically with its radix (prefix) cache on, which seeded sampling needs.
 DETERMINISTIC_ATTENTION_BACKENDS = ("triton", "fa3", "fa4", "ascend")
+#: SGLang's attention backends for a vision tower (``ServerArgs.mm_attention_backend``, SGLang 0.5.16).
+MM_ATTENTION_BACKENDS = ("sdpa", "fa3", "fa4", "triton_attn", "ascend_attn")
 SAMPLING_BACKENDS = ("pytorch", "flashinfer", "ascend")
 #: What ``Completion.log_probs`` holds. ``processed_logprobs``: ``log_softmax(logits / temperature)`` of
 #: the sampled token (SGLang's default); ``raw_logprobs``: ``log_softmax(logits)``, temperature ignored
@@ -55,6 +57,7 @@ OWNED_ENGINE_ARGS = frozenset(
         "mem_fraction_static",
         "random_seed",
         "attention_backend",
+        "mm_attention_backend",
         "sampling_backend",
         "chunked_prefill_size",
         "disable_cuda_graph",
@@ -81,6 +84,7 @@ _OWNED_SOURCE = {
     "mem_fraction_static": "sglang.mem_fraction_static",
     "random_seed": "rollout.seed",
     "attention_backend": "sglang.attention_backend",
+    "mm_attention_backend": "sglang.mm_attention_backend",
     "sampling_backend": "sglang.sampling_backend",
     "chunked_prefill_size": "sglang.chunked_prefill_size",
     "disable_cuda_graph": "sglang.disable_cuda_graph",
@@ -150,6 +154,12 @@ class SGLangConfig:
     #: ``flashinfer`` may decode faster. Null lets SGLang choose for the device.
     attention_backend: str | None = attrs.field(
         default="triton", validator=_one_of(ATTENTION_BACKENDS, optional=True)
+    )
+    #: A vision tower's attention kernels (SGLang's ``mm_attention_backend``). ``triton_attn`` runs on every
+    #: CUDA GPU; SGLang's own choice on Hopper is ``fa3``, whose kernels the rlcore GPU bundle leaves out
+    #: (1.1 GB). Null lets SGLang choose. Text-only models have no vision tower and ignore it.
+    mm_attention_backend: str | None = attrs.field(
+        default="triton_attn", validator=_one_of(MM_ATTENTION_BACKENDS, optional=True)
     )
     #: SGLang's sampling kernels. ``pytorch`` honours per-request seeds (with ``deterministic_inference``);
     #: ``flashinfer`` does not.

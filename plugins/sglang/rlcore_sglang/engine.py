@@ -12,7 +12,12 @@ trainer's:
   (``sampling_defaults="openai"``);
 - weights are checked against the served model before SGLang sees them, a tied tensor is sent under
   the name SGLang loads it by, and the radix (prefix) cache is flushed after every load (else prompts
-  seen before the load reuse KV computed with the old weights).
+  seen before the load reuse KV computed with the old weights);
+- a vision-language model gets each prompt's raw images (SGLang's processor, the folder's own, expands
+  the image tokens; the completion reports the prompt as SGLang expanded it), its image tokens banned
+  from responses as every engine bans them, and no image-embedding cache (SGLang keeps each image's
+  encoder output across requests and never drops it at a weight update: a repeated image would read
+  the old vision tower).
 
 SGLang's own ``Engine.shutdown`` ends every child process of this process, not only its own: run one
 engine per process (a Ray rollout worker is one), or shut it down last.
@@ -27,7 +32,7 @@ import itertools
 import logging
 import os
 import uuid
-from collections.abc import Iterable, Iterator, Sequence
+from collections.abc import Iterable, Iterator, Mapping, Sequence
 from typing import Any
 
 import torch
@@ -45,6 +50,8 @@ from rlcore.api import (
     rollout_dtype,
 )
 from rlcore.devices import get_platform
+from rlcore.vision import VisionInputs, check_multi_modal
+from rlcore.vision.inputs import images_of
 from rlcore.weights import assemble
 
 from rlcore_sglang import adapters
@@ -64,6 +71,10 @@ RAW_LOGPROB_ENV = "SGLANG_RETURN_ORIGINAL_LOGPROB"
 #: "Cuda failure 'invalid argument'" (measured on 2 x H200: the ``sglang-distributed`` transport). So the
 #: scheduler gets NCCL's default too, unless the user set it for every process.
 NCCL_CUMEM_ENV = "NCCL_CUMEM_ENABLE"
+#: The size of SGLang's image-embedding cache (MiB), read by its scheduler processes at start. It is keyed
+#: by the image's content and survives weight updates (SGLang 0.5.16 has no call that drops it), so a
+#: vision model's engine starts with it at 0: each request encodes its images with the current weights.
+VLM_CACHE_ENV = "SGLANG_VLM_CACHE_SIZE_MB"
 
 
 #: SGLang's loader for quantized RL rollouts: quantizes at start and again at every weight update (a plain
@@ -106,6 +117,8 @@ def engine_args(spec: RolloutSpec, config: SGLangConfig) -> dict[str, Any]:
     )
     if config.attention_backend is not None:
         kwargs["attention_backend"] = config.attention_backend
+    if config.mm_attention_backend is not None:
+        kwargs["mm_attention_backend"] = config.mm_attention_backend
     if config.chunked_prefill_size is not None:
         kwargs["chunked_prefill_size"] = config.chunked_prefill_size
     if spec.quantization is not None:
@@ -156,10 +169,13 @@ class SGLangRollout(RolloutEngine):
         self.device = (platform if platform is not None else get_platform("auto")).current_device()
         #: The LoRA adapter requests generate with, when the policy trains one (:mod:`rlcore_sglang.adapters`).
         self.adapter = adapters.AdapterSlot(spec) if adapters.serves_adapters(spec) else None
+        #: The folder's processor when the model reads images (SGLang expands their tokens itself).
+        self.vision = VisionInputs.for_model(spec.model_path)
         args = engine_args(spec, config)
         with (
             _env(RAW_LOGPROB_ENV, "1" if config.logprobs_mode == "raw_logprobs" else "0"),
             _env(NCCL_CUMEM_ENV, os.environ.get(NCCL_CUMEM_ENV, "1")),
+            _env(VLM_CACHE_ENV, "0" if self.vision is not None else os.environ.get(VLM_CACHE_ENV)),
         ):
             self._loop = EngineLoop(lambda: sglang.Engine(**args))
         self._closed = False
@@ -175,9 +191,16 @@ class SGLangRollout(RolloutEngine):
         self._warned_seed = False
 
     # -- generation ------------------------------------------------------------------------------
-    def generate(self, prompts: Sequence[Sequence[int]], params: SamplingParams) -> list[list[Completion]]:
+    def generate(
+        self,
+        prompts: Sequence[Sequence[int]],
+        params: SamplingParams,
+        *,
+        multi_modal: Sequence[Mapping | None] | None = None,
+    ) -> list[list[Completion]]:
         rows = self._check_request(prompts, params)
-        expanded = [(row, seed) for i, row in enumerate(rows) for seed in request_seeds(params, i)]
+        images = self._images(multi_modal, len(rows))
+        expanded = [(row, seed, images[i]) for i, row in enumerate(rows) for seed in request_seeds(params, i)]
         future = self._loop.submit(lambda: self._generate(expanded, params, own_ids=False))
         try:
             completions = future.result()
@@ -187,17 +210,20 @@ class SGLangRollout(RolloutEngine):
         n = params.n
         return [completions[i * n : (i + 1) * n] for i in range(len(rows))]
 
-    async def agenerate(self, prompt: Sequence[int], params: SamplingParams) -> list[Completion]:
+    async def agenerate(
+        self, prompt: Sequence[int], params: SamplingParams, *, multi_modal: Mapping | None = None
+    ) -> list[Completion]:
         """One prompt's ``n`` samples, awaited. Many calls may be in flight; SGLang batches them with
         each other and with ``generate`` calls. Cancelling the awaiting task aborts its requests."""
         (row,) = self._check_request([prompt], params)
-        expanded = [(row, seed) for seed in request_seeds(params, 0)]
+        (images,) = self._images(None if multi_modal is None else [multi_modal], 1)
+        expanded = [(row, seed, images) for seed in request_seeds(params, 0)]
         return await asyncio.wrap_future(
             self._loop.submit(lambda: self._generate(expanded, params, own_ids=True))
         )
 
     async def _generate(
-        self, rows: list[tuple[list[int], int | None]], params: SamplingParams, *, own_ids: bool
+        self, rows: list[tuple[list[int], int | None, list]], params: SamplingParams, *, own_ids: bool
     ) -> list[Completion]:
         """One batched SGLang request on the engine loop; on cancellation its requests are aborted in
         SGLang (which otherwise keeps decoding them).
@@ -211,14 +237,18 @@ class SGLangRollout(RolloutEngine):
         """
         engine = self._loop.engine
         rids = [f"rlcore-{self._run_id}-{next(self._ids):012d}" for _ in rows] if own_ids else None
+        request = dict(
+            input_ids=[row for row, _, _ in rows],
+            sampling_params=[to_sglang(params, seed, self._banned) for _, seed, _ in rows],
+            return_logprob=params.logprobs,
+            **({"rid": rids} if own_ids else {}),
+            **(self._adapter_request(len(rows))),
+        )
         try:
-            outputs = await engine.async_generate(
-                input_ids=[row for row, _ in rows],
-                sampling_params=[to_sglang(params, seed) for _, seed in rows],
-                return_logprob=params.logprobs,
-                **({"rid": rids} if own_ids else {}),
-                **(self._adapter_request(len(rows))),
-            )
+            if any(images for _, _, images in rows):
+                outputs = await self._generate_with_images(request, [images for _, _, images in rows])
+            else:
+                outputs = await engine.async_generate(**request)
         except asyncio.CancelledError:
             if rids is None:
                 engine.tokenizer_manager.abort_request(abort_all=True)
@@ -229,9 +259,29 @@ class SGLangRollout(RolloutEngine):
         if isinstance(outputs, dict):  # a batch of one may come back unwrapped
             outputs = [outputs]
         return [
-            to_completion(row, out, want_log_probs=params.logprobs)
-            for (row, _), out in zip(rows, outputs, strict=True)
+            to_completion(out.get("prompt_token_ids", row), out, want_log_probs=params.logprobs)
+            for (row, _, _), out in zip(rows, outputs, strict=True)
         ]
+
+    async def _generate_with_images(self, request: dict[str, Any], images: list[list]) -> list[dict]:
+        """``async_generate`` of ``request`` with each row's images (a list per row, empty for none),
+        asking for the prompts as SGLang's processor expanded them: the sequences a trainer must read.
+        (``Engine.async_generate`` builds the same request but cannot ask for them.)"""
+        from sglang.srt.managers.io_struct import GenerateReqInput
+
+        obj = GenerateReqInput(**request, image_data=images, return_prompt_token_ids=True)
+        return await self._loop.engine.tokenizer_manager.generate_request(obj, None).__anext__()
+
+    def _images(self, multi_modal: Sequence[Mapping | None] | None, count: int) -> list[list]:
+        """Each prompt's images (``[]`` for none), checked (:func:`rlcore.vision.check_multi_modal`)."""
+        media = check_multi_modal(multi_modal, count, self.vision, engine="sglang")
+        return [images_of(m) for m in media] if media is not None else [[] for _ in range(count)]
+
+    @property
+    def _banned(self) -> tuple[int, ...]:
+        """Token ids no sample may hold: a vision model's image tokens, whenever it generates (with images
+        or without), so every response can be trained on (:attr:`rlcore.vision.VisionInputs.banned_token_ids`)."""
+        return self.vision.banned_token_ids if self.vision is not None else ()
 
     def _adapter_request(self, count: int) -> dict[str, Any]:
         """``async_generate``'s per-request adapter names, once an adapter is loaded (else the base)."""
@@ -504,10 +554,13 @@ def _loaded_note(sent: list[str]) -> str:
 
 
 @contextlib.contextmanager
-def _env(key: str, value: str) -> Iterator[None]:
-    """Set ``key`` while SGLang spawns its scheduler processes (they read it at import)."""
+def _env(key: str, value: str | None) -> Iterator[None]:
+    """Set ``key`` (unset for None) while SGLang spawns its scheduler processes (they read it at import)."""
     previous = os.environ.get(key)
-    os.environ[key] = value
+    if value is None:
+        os.environ.pop(key, None)
+    else:
+        os.environ[key] = value
     try:
         yield
     finally:

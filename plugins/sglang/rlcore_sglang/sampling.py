@@ -13,13 +13,14 @@ An SGLang result, as ``Engine.async_generate`` returns it for one request of a b
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 from rlcore.api import Completion, SamplingParams
+from rlcore.vision.inputs import BANNED_LOGIT
 
 
-def to_sglang(params: SamplingParams, seed: int | None) -> dict[str, Any]:
+def to_sglang(params: SamplingParams, seed: int | None, banned: Sequence[int] = ()) -> dict[str, Any]:
     """SGLang's sampling-parameter dict for one sample of ``params``.
 
     Every field that changes the distribution is set explicitly, and the engine runs with
@@ -27,6 +28,9 @@ def to_sglang(params: SamplingParams, seed: int | None) -> dict[str, Any]:
     penalty ...) never leaks in. ``temperature=0`` is greedy (SGLang turns it into top-k 1). Stop strings
     end the response with the token that completes them kept in ``output_ids`` and the text cut before
     them, the convention of vLLM and rlcore's reference HF rollout.
+
+    ``banned``: token ids whose logits get :data:`rlcore.vision.inputs.BANNED_LOGIT` (a vision model's image
+    tokens). SGLang adds ``logit_bias`` before it samples and computes log-probs, as the trainer does.
     """
     out: dict[str, Any] = {
         "max_new_tokens": params.max_tokens,
@@ -44,11 +48,14 @@ def to_sglang(params: SamplingParams, seed: int | None) -> dict[str, Any]:
         out["stop"] = list(params.stop)
     if seed is not None:
         out["sampling_seed"] = seed
+    if banned:
+        out["logit_bias"] = {str(int(t)): BANNED_LOGIT for t in banned}
     return out
 
 
 def to_completion(prompt: list[int], output: Mapping[str, Any], *, want_log_probs: bool) -> Completion:
-    """A :class:`~rlcore.api.Completion` from one finished SGLang result (see the module docstring)."""
+    """A :class:`~rlcore.api.Completion` from one finished SGLang result (see the module docstring);
+    ``prompt``: the prompt as the engine read it (with images, as its processor expanded them)."""
     meta = output["meta_info"]
     reason = meta.get("finish_reason") or {}
     kind = reason.get("type") if isinstance(reason, Mapping) else reason
@@ -76,7 +83,7 @@ def to_completion(prompt: list[int], output: Mapping[str, Any], *, want_log_prob
                 )
         log_probs = [float(entry[0]) for entry in entries]
     return Completion(
-        prompt_ids=prompt,
+        prompt_ids=[int(t) for t in prompt],
         token_ids=token_ids,
         log_probs=log_probs,
         finish_reason=kind,

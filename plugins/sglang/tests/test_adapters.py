@@ -91,6 +91,7 @@ def rollout(io_struct, tmp_path):
     engine.memory.loaded()
     engine.vocab_size, engine.max_model_len = 100, 64
     engine._warned_seed = True
+    engine.vision = None  # a text model
     engine._loop = EngineLoop(FakeSGLang)
     engine.adapter = adapters.AdapterSlot(spec)
     yield engine

@@ -31,6 +31,11 @@ def rlcore(*args: str) -> subprocess.CompletedProcess:
         ({"chunked_prefill_size": -2}, r"sglang.chunked_prefill_size"),
         ({"logprobs_mode": "raw"}, r"sglang.logprobs_mode must be one of processed_logprobs, raw_logprobs"),
         ({"weight_bucket_mib": 0}, r"sglang.weight_bucket_mib must be >= 1, got 0"),
+        ({"mm_attention_backend": "triton"}, r"sglang.mm_attention_backend must be one of sdpa, fa3"),
+        (
+            {"engine_kwargs": {"mm_attention_backend": "sdpa"}},
+            r"mm_attention_backend: sglang.mm_attention_backend",
+        ),
         ({"engine_kwargs": {"tp_size": 2}}, r"sglang.engine_kwargs sets \['tp_size'\].*tp_size: rollout"),
         (
             {"engine_kwargs": {"dtype": "float16", "mem_fraction_static": 0.3}},
@@ -85,8 +90,12 @@ def test_every_owned_argument_is_set_by_the_plugin_and_nothing_else_is():
     assert args["tp_size"] == 2 and args["context_length"] == 4096 and args["dtype"] == "bfloat16"
     assert args["mem_fraction_static"] == 0.4 and args["sampling_defaults"] == "openai"
     # Null settings leave SGLang's own choice; the memory share falls back to the rollout section.
-    defaults = engine_args(spec, SGLangConfig(attention_backend=None))
+    defaults = engine_args(spec, SGLangConfig(attention_backend=None, mm_attention_backend=None))
     assert "attention_backend" not in defaults and "chunked_prefill_size" not in defaults
+    assert "mm_attention_backend" not in defaults
+    # A vision tower's attention runs on triton by default: SGLang's Hopper default (fa3) is not in the
+    # GPU bundle.
+    assert args["mm_attention_backend"] == "triton_attn"
     assert defaults["mem_fraction_static"] == spec.gpu_memory_utilization
 
 

@@ -58,6 +58,7 @@ def rollout():
     engine.memory = MemoryTags(memory_saver=False, weights_backup=False, cuda_graph=False)
     engine.vocab_size, engine.max_model_len = 100, 64
     engine._warned_seed = True
+    engine.vision = None  # a text model
     engine._ids, engine._run_id = itertools.count(), "run1"
     engine._loop = EngineLoop(FakeSGLang)
     engine.adapter = None
@@ -108,9 +109,13 @@ def test_cancelling_aborts_exactly_the_cancelled_requests(rollout):
 
     # A whole batch has no ids of its own: cancelling it aborts what the engine runs.
     sglang.tokenizer_manager.aborted.clear()
-    future = rollout._loop.submit(lambda: rollout._generate([([1], None)], PARAMS, own_ids=False))
-    while len(sglang.calls) < 2:
+    future = rollout._loop.submit(lambda: rollout._generate([([1], None, [])], PARAMS, own_ids=False))
+    deadline = time.time() + 5
+    while len(sglang.calls) < 2 and time.time() < deadline:
         time.sleep(0.01)
+    assert len(sglang.calls) == 2, (
+        future.exception(timeout=1) if future.done() else "the batch never reached SGLang"
+    )
     future.cancel()
     while not sglang.tokenizer_manager.aborted and time.time() < deadline:
         time.sleep(0.01)

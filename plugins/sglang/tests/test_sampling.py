@@ -33,6 +33,15 @@ def test_every_distribution_setting_is_explicit():
     assert to_sglang(SamplingParams(top_k=5), seed=None)["top_k"] == 5
     assert "sampling_seed" not in to_sglang(SamplingParams(), seed=None)
     assert "stop" not in to_sglang(SamplingParams(), seed=None)
+    assert "logit_bias" not in to_sglang(SamplingParams(), seed=None)
+
+
+def test_banned_tokens_get_the_bias_every_engine_gives_them():
+    """A vision model's image tokens: SGLang adds logit_bias (string keys) before sampling and log-probs."""
+    from rlcore.vision.inputs import BANNED_LOGIT
+
+    got = to_sglang(SamplingParams(), seed=None, banned=(151655, 151656))
+    assert got["logit_bias"] == {"151655": BANNED_LOGIT, "151656": BANNED_LOGIT}
 
 
 def test_seeds_differ_per_sample_and_prompt():
