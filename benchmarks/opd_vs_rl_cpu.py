@@ -13,6 +13,7 @@ and the goal: OPD reaches RL's final accuracy in at most a third of RL's steps.
     python benchmarks/opd_vs_rl_cpu.py --name opd-vs-rl                 # both runs (about 40 min here)
     python benchmarks/opd_vs_rl_cpu.py --name opd-vs-rl --rl-run DIR     # reuse a finished RL run
     python benchmarks/opd_vs_rl_cpu.py --name short --opd-steps 4        # the goal's steps only
+    python benchmarks/opd_vs_rl_cpu.py --name lr --rl-run DIR --opd actor.optim.lr=3e-5   # OPD only
 
 Writes ``benchmarks/results/opd-vs-rl/<name>.json`` and ``<name>.png``; extra ``key=value`` arguments go
 to both ``rlcore train`` commands.
@@ -33,7 +34,9 @@ from pathlib import Path
 from rlcore.telemetry.loggers import METRICS_FILE, read_metrics
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from smollm2_task_cpu import HELD_OUT, difference_interval, hardware, wilson  # noqa: E402
+from smollm2_task_cpu import TASKS, difference_interval, hardware, wilson  # noqa: E402
+
+HELD_OUT = TASKS["addition"][3]
 
 RESULTS = Path(__file__).resolve().parent / "results" / "opd-vs-rl"
 TASK = "data.train_files=[builtin:addition/train.jsonl]"
@@ -111,6 +114,13 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--opd-steps", type=int, default=RL_STEPS, help="OPD steps (default: RL's 10)")
     parser.add_argument("--out", type=Path, help="where the runs go (default: a new folder under /tmp)")
     parser.add_argument("--rlcore", default=str(Path(sys.executable).with_name("rlcore")))
+    parser.add_argument(
+        "--opd",
+        action="append",
+        default=[],
+        metavar="KEY=VALUE",
+        help="an override for the OPD run only (repeatable), e.g. --opd actor.optim.lr=3e-5",
+    )
     parser.add_argument("overrides", nargs="*", help="extra key=value overrides for both runs")
     args = parser.parse_args(argv)
     rlcore = shlex.split(args.rlcore)
@@ -131,6 +141,7 @@ def main(argv: list[str] | None = None) -> int:
         f"teacher.model_path={teacher}",
         f"trainer.total_steps={args.opd_steps}",
         *args.overrides,
+        *args.opd,
     ]
     opd_wall = run(rlcore, out, f"{args.name}-opd", opd)
 
