@@ -1,7 +1,8 @@
 """``rlcore train`` on a vision-language model: rows with images go to the rollout with their prompts, and
 the rows trained on hold each image's tokens as the model's processor expands them, and the trainer's
 log-probs of the sampled responses, with the images, equal the rollout's (the run's ``rollout/`` mismatch
-metrics, fp32 on both sides). Tiny Qwen2.5-VL, HF rollout, FSDP, 2 steps."""
+metrics, fp32 on both sides); in every ``trainer.mode``, responses continued across generate calls
+(the stream's rounds, async's partial rollouts) included. Tiny Qwen2.5-VL, HF rollout, FSDP, 2 steps."""
 
 import io
 import json
@@ -10,6 +11,7 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
 from PIL import Image
 from rlcore.telemetry.loggers import read_metrics
 from rlcore.telemetry.samples import SAMPLES_FILE, read_samples
@@ -58,7 +60,25 @@ def _data(folder, n=8):
     return path
 
 
-def test_rlcore_train_carries_images_from_the_data_to_the_rollout_and_the_trainer(tmp_path, rlcore_train):
+#: The modes; the overlapping ones cut each response into generate calls of 3 tokens (the 8-token
+#: responses continue over 2-3 calls, the prompt's images sent with each) and stay on-policy
+#: (``max_staleness=0``), so the trainer's log-probs must still equal the rollout's.
+MODES = {
+    "sync": (),
+    "stream": ("trainer.mode=stream", "trainer.rollout_chunk_tokens=3", "trainer.max_staleness=0"),
+    "async": (
+        "trainer.mode=async",
+        "trainer.partial_rollout=true",
+        "trainer.rollout_chunk_tokens=3",
+        "trainer.max_staleness=0",
+    ),
+}
+
+
+@pytest.mark.parametrize("mode", list(MODES))
+def test_rlcore_train_carries_images_from_the_data_to_the_rollout_and_the_trainer(
+    tmp_path, rlcore_train, mode
+):
     model = build_tiny_vlm(tmp_path / "vlm")
     data = _data(tmp_path / "data")
     _, run_dir = rlcore_train(
@@ -67,6 +87,7 @@ def test_rlcore_train_carries_images_from_the_data_to_the_rollout_and_the_traine
         f"model.path={model}",
         f"data.train_files=[{data}]",
         *RUN,
+        *MODES[mode],
     )
     records = [r for r in read_metrics(run_dir / "metrics.jsonl") if r["step"] > 0]
     assert [r["step"] for r in records] == [1, 2]
@@ -86,6 +107,10 @@ def test_rlcore_train_carries_images_from_the_data_to_the_rollout_and_the_traine
         # The trainer's log-probs, with the images, are the rollout's.
         assert r["rollout/logprob_diff_mean"] < GAP and r["rollout/mismatch_k3_kl"] < GAP, r
         assert r["sync/logprob_diff_max"] < GAP if "sync/logprob_diff_max" in r else True
+        if mode != "sync":  # responses longer than a call's 3 tokens: they were continued
+            assert r["response_length/mean"] > 3, r
+        if mode == "stream":
+            assert r["stream/rounds"] >= 2, r
 
 
 def test_the_post_sync_check_sees_a_vision_tower_left_out_of_the_sync(tmp_path):

@@ -176,18 +176,15 @@ class VersionedRollout:
     def generate(
         self, prompts: Sequence[Sequence[int]], params: SamplingParams, multi_modal: Sequence | None = None
     ) -> list[list[Completion]]:
-        """As ``RolloutRole.generate``; ``result[i][j].versions`` the version of each token."""
-        if multi_modal is not None:
-            raise ValueError(
-                "the overlapping modes (trainer.mode one_step_off, async) do not carry images yet "
-                "(docs/vision.md); train a vision-language model with trainer.mode=sync"
-            )
+        """As ``RolloutRole.generate``; ``result[i][j].versions`` the version of each token. ``multi_modal``:
+        each prompt's images, sent again with every continuation of its responses."""
+        media = () if multi_modal is None else (list(multi_modal),)
         chunk = self.chunk_tokens
         if chunk is None or chunk >= params.max_tokens:
             with self._hold() as version:
-                groups = self.rollout.generate(prompts, params)
+                groups = self.rollout.generate(prompts, params, *media)
             return [[_stamped(c, version) for c in group] for group in groups]
-        return self._generate_in_chunks(prompts, params, chunk)
+        return self._generate_in_chunks(prompts, params, chunk, multi_modal)
 
     def run_episodes(
         self,
@@ -203,16 +200,24 @@ class VersionedRollout:
         return [[_stamped(c, version) for c in group] for group in groups]
 
     def _generate_in_chunks(
-        self, prompts: Sequence[Sequence[int]], params: SamplingParams, chunk: int
+        self,
+        prompts: Sequence[Sequence[int]],
+        params: SamplingParams,
+        chunk: int,
+        multi_modal: Sequence | None = None,
     ) -> list[list[Completion]]:
         # The first call samples n per prompt as an uninterrupted call would; later calls continue each
         # unfinished response alone, seeded from (call seed, round, response), so a run reproduces.
         first = attrs.evolve(params, max_tokens=chunk)
         with self._hold() as version:
-            groups = self.rollout.generate(prompts, first)
-        partials = [
-            [PartialResponse(list(p)) for _ in group] for p, group in zip(prompts, groups, strict=True)
-        ]
+            groups = self.rollout.generate(
+                prompts, first, *(() if multi_modal is None else (list(multi_modal),))
+            )
+        # Each response keeps the prompt as the engine read it (with images, expanded: what the trainer
+        # reads); a continuation sends the prompt's own ids, and its images, again.
+        partials = [[PartialResponse(list(c.prompt_ids)) for c in group] for group in groups]
+        sent = [(list(p), None if multi_modal is None else multi_modal[i]) for i, p in enumerate(prompts)]
+        origin = {id(r): sent[i] for i, row in enumerate(partials) for r in row}
         for row, group in zip(partials, groups, strict=True):
             for partial, completion in zip(row, group, strict=True):
                 partial.extend(completion, version, params.max_tokens)
@@ -226,8 +231,12 @@ class VersionedRollout:
             budget = min(chunk, min(params.max_tokens - len(p.tokens) for p in active))
             seed = None if params.seed is None else derived_seed(params.seed, rounds)
             cont = attrs.evolve(params, n=1, max_tokens=budget, seed=seed)
+            requests = [origin[id(p)] for p in active]
+            media = [] if multi_modal is None else [[m for _, m in requests]]
             with self._hold() as version:
-                results = self.rollout.generate([p.prompt + p.tokens for p in active], cont)
+                results = self.rollout.generate(
+                    [ids + p.tokens for (ids, _), p in zip(requests, active, strict=True)], cont, *media
+                )
             for partial, (completion,) in zip(active, results, strict=True):
                 partial.extend(completion, version, params.max_tokens)
         return [[p.completion(self.tokenizer) for p in row] for row in partials]

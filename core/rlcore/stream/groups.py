@@ -38,6 +38,12 @@ class Group:
     scored: Batch | None = None
 
     @property
+    def media(self) -> dict | None:
+        """The prompt's images (``{"image": [...]}``, :mod:`rlcore.vision`), or None for a text prompt."""
+        media = (self.prompt.objects.get("multi_modal_data") or [None])[0]
+        return media if (media or {}).get("image") else None
+
+    @property
     def started(self) -> bool:
         return bool(self.responses)
 

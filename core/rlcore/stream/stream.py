@@ -175,11 +175,6 @@ class RolloutStream:
 
     def _name(self, ctx: Any, new: list[Group]) -> None:
         for g, uid in zip(new, ctx.new_uids(len(new)), strict=True):
-            if any((m or {}).get("image") for m in g.prompt.objects.get("multi_modal_data") or ()):
-                raise ValueError(
-                    f"trainer.mode={ctx.config.trainer.mode}: the stream does not carry images yet "
-                    "(docs/vision.md); train a vision-language model with trainer.mode=sync"
-                )
             g.prompt.objects["uid"] = [uid]
 
     def _start(self, ctx: Any, new: list[Group], chunk: int, max_tokens: int) -> None:
@@ -188,7 +183,7 @@ class RolloutStream:
         its first round, a step samples what a synchronous step would."""
         params = ctx.sampling_params(max_tokens=chunk)
         self._name(ctx, new)
-        results = ctx.rollout.generate([g.ids for g in new], params)
+        results = ctx.rollout.generate([g.ids for g in new], params, *_media([g for g in new]))
         for g, completions in zip(new, results, strict=True):
             for c in completions:
                 g.responses.append(self._response(g, c, ctx.version, max_tokens))
@@ -203,7 +198,9 @@ class RolloutStream:
         params = ctx.sampling_params(n=1, max_tokens=budget)
         self._name(ctx, new)
         prompts = [g.ids for g in new for _ in range(n)] + [g.ids + r.tokens for g, r in going]
-        results = ctx.rollout.generate(prompts, params)
+        # A continued response is its prompt's ids and tokens so far, with the prompt's images again.
+        groups = [g for g in new for _ in range(n)] + [g for g, _ in going]
+        results = ctx.rollout.generate(prompts, params, *_media(groups))
         starts, goes = results[: len(new) * n], results[len(new) * n :]
         for k, g in enumerate(new):
             for (c,) in starts[k * n : (k + 1) * n]:
@@ -229,7 +226,9 @@ class RolloutStream:
 
     @staticmethod
     def _response(g: Group, c: Any, version: int, max_tokens: int) -> PartialResponse:
-        r = PartialResponse(list(g.ids))
+        # The prompt as the engine read it (a prompt with images, its image tokens expanded): the
+        # sequence the trainer reads; continuations send the group's own ids again.
+        r = PartialResponse(list(c.prompt_ids))
         r.extend(c, version, max_tokens)
         return r
 
@@ -304,6 +303,13 @@ class RolloutStream:
         self._queue = collections.deque(self.rows([int(i) for i in state["pending"]]))
         self._seq = int(state["seq"])
         self.regenerated = len(self._queue)
+
+
+def _media(groups: Sequence[Group]) -> tuple[list, ...]:
+    """``generate``'s media argument for one request per group: ``(media,)`` when a prompt has images,
+    ``()`` for text only (the call a text run always made)."""
+    media = [g.media for g in groups]
+    return (media,) if any(m is not None for m in media) else ()
 
 
 def _fresh(row: Batch) -> Batch:
