@@ -6,7 +6,7 @@ import pytest
 from rlcore.api import RolloutSpec, SamplingParams
 from rlcore.devices import get_platform
 from rlcore.testing.tiny_vlm import build_tiny_vlm, solid_image
-from rlcore.testing.vision_logprobs import check_image_log_probs, vision_weights, with_vision_moved
+from rlcore.testing.vision_logprobs import check_across_a_vision_sync, check_image_log_probs
 
 #: fp32 engine against the float64 forward: measured at most 9e-7 (HF) and 6e-7 (vLLM-CPU) here.
 LOGPROB_ATOL = 1e-4
@@ -43,12 +43,9 @@ def test_vllm_cpu_log_probs_with_images_match_float64_transformers(tiny_vlm, arc
     spec = RolloutSpec(model_path=str(path), dtype="float32", max_model_len=512)
     engine = VLLMRollout(spec, VLLMConfig(enforce_eager=True, kv_cache_memory_gib=0.25), get_platform("cpu"))
     try:
-        check_image_log_probs(engine, path, LOGPROB_ATOL)
         # New vision weights reach the images' embeddings: vLLM caches each image's encoder output by
         # the image's hash, and the same images come again (the post-sync check's probes do so every sync).
-        moved_path = path.parent / f"{path.name}-moved"
-        engine.load_weights(vision_weights(with_vision_moved(path, moved_path)))
-        check_image_log_probs(engine, moved_path, LOGPROB_ATOL)
+        check_across_a_vision_sync(engine, path, LOGPROB_ATOL)
     finally:
         engine.shutdown()
 

@@ -92,6 +92,17 @@ def check_image_log_probs(engine: Any, model_path, atol: float) -> float:
     return max(gaps)
 
 
+def check_across_a_vision_sync(engine: Any, model_path, atol: float) -> tuple[float, float]:
+    """:func:`check_image_log_probs` on ``engine`` at ``model_path``, then again after it loads moved
+    vision-tower weights (an engine that caches image embeddings across a sync fails the second);
+    returns the largest gap of each."""
+    path = Path(model_path)
+    before = check_image_log_probs(engine, path, atol)
+    moved_path = path.parent / f"{path.name}-moved"
+    engine.load_weights(vision_weights(with_vision_moved(path, moved_path)))
+    return before, check_image_log_probs(engine, moved_path, atol)
+
+
 def with_vision_moved(path, target) -> dict[str, torch.Tensor]:
     """A copy of the model folder at ``target`` whose vision tower's weights moved; returns its tensors."""
     from safetensors.torch import load_file, save_file

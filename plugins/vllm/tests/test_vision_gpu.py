@@ -11,7 +11,7 @@ import torch
 from rlcore.api import RolloutSpec
 from rlcore.devices import get_platform
 from rlcore.testing.tiny_vlm import build_tiny_vlm
-from rlcore.testing.vision_logprobs import check_image_log_probs, vision_weights, with_vision_moved
+from rlcore.testing.vision_logprobs import check_across_a_vision_sync
 
 pytestmark = [
     pytest.mark.gpu,
@@ -34,11 +34,9 @@ def test_vllm_gpu_log_probs_with_images_match_float64_transformers(tmp_path_fact
     )
     engine = VLLMRollout(spec, VLLMConfig(enforce_eager=True), get_platform("cuda"))
     try:
-        gap = check_image_log_probs(engine, path, LOGPROB_ATOL)
-        print(f"{architecture}: largest |vllm - float64| log-prob {gap:.2e}")
-        moved_path = path.parent / f"{path.name}-moved"
-        engine.load_weights(vision_weights(with_vision_moved(path, moved_path)))
-        gap = check_image_log_probs(engine, moved_path, LOGPROB_ATOL)
-        print(f"{architecture}, vision tower moved: largest gap {gap:.2e}")
+        before, after = check_across_a_vision_sync(engine, path, LOGPROB_ATOL)
+        print(
+            f"{architecture}: largest |vllm - float64| log-prob {before:.2e}, after a vision sync {after:.2e}"
+        )
     finally:
         engine.shutdown()
