@@ -146,3 +146,59 @@ def test_the_post_sync_check_sees_a_vision_tower_left_out_of_the_sync(tmp_path):
     output = proc.stdout + proc.stderr
     assert proc.returncode != 0, output[-3000:]
     assert "training stopped at step 1 in phase 'sync_weights': WeightSyncMismatch" in output, output[-3000:]
+
+
+#: A multi-turn agent run on image prompts: the built-in tool loop with the calculator, two model turns.
+AGENT = (
+    "agent.enabled=true",
+    "agent.tools=[calculator]",
+    "agent.max_turns=2",
+    "agent.max_tool_response_tokens=16",
+    "rollout.max_response_length=96",
+    "actor.recompute_old_log_probs=always",  # rollout/ mismatch metrics on every model token
+)
+
+
+@pytest.mark.parametrize("mode", ["sync", "stream"])
+def test_agent_episodes_on_image_prompts_train_on_what_the_rollout_read(tmp_path, rlcore_train, mode):
+    """Episodes of two model turns around a tool observation (the tiny VLM fitted to answer the prompt
+    with a call: tests/test_agent_images.py) on rows with images: every model turn read the image (the
+    trainer's log-probs, with the image, equal the rollout's on every model token) and the rows trained
+    on hold the prompt as the processor expands it."""
+    from rlcore.testing.tiny_vlm import fit_tiny_vlm_answer, solid_image
+
+    prompt, call = "<image>Add the numbers: 2 + 3", "<tool_call>{}</tool_call>"
+    model = fit_tiny_vlm_answer(
+        build_tiny_vlm(tmp_path / "vlm"), tmp_path / "caller", prompt, solid_image((255, 0, 0)), call
+    )
+    data = _data(tmp_path / "data")
+    rows = [json.loads(line) for line in data.read_text().splitlines()]
+    data.write_text(
+        "".join(json.dumps({**r, "prompt": [{"role": "user", "content": prompt}]}) + "\n" for r in rows)
+    )
+    for r in rows:  # the image the model was fitted on, in every row's file
+        solid_image((255, 0, 0)).save(data.parent / r["images"][0])
+    _, run_dir = rlcore_train(
+        tmp_path,
+        "vlm-agent",
+        f"model.path={model}",
+        f"data.train_files=[{data}]",
+        *RUN,
+        *AGENT,
+        *(() if mode == "sync" else MODES[mode]),
+    )
+    records = [r for r in read_metrics(run_dir / "metrics.jsonl") if r["step"] > 0]
+    assert [r["step"] for r in records] == [1, 2]
+    vision = VisionInputs.for_model(model)
+    steps = {s["step"]: s["index"] for s in read_samples(run_dir / SAMPLES_FILE)}
+    for r in records:
+        # Most episodes called the tool and wrote a second turn after its message.
+        assert r["agent/turns/mean"] > 1.5 and r["agent/tool_token_fraction"] > 0, r
+        assert r["rollout/logprob_diff_mean"] < GAP and r["rollout/mismatch_k3_kl"] < GAP, r
+        lengths = []
+        for i in steps[r["step"]]:
+            messages = image_parts([{"role": "user", "content": prompt}], 1, "row")
+            text = vision.tokenizer.apply_chat_template(messages, add_generation_prompt=True, tokenize=False)
+            image = Image.open(data.parent / rows[i]["images"][0]).convert("RGB")
+            lengths.append(len(vision.processor(text=[text], images=[image])["input_ids"][0]))
+        assert r["prompt_length/mean"] == sum(lengths) / len(lengths), r

@@ -13,6 +13,12 @@ budget (``params.max_tokens`` tokens of model and tool tokens together, and the 
 ``max_model_len``) leaves no room for the next observation plus one token (``"budget"``) or cuts a
 model turn (``"length"``). The result is one :class:`~rlcore.api.Completion` with ``response_mask``
 and ``info``.
+
+A prompt with images (``multi_modal``, :mod:`rlcore.vision`) sends them with every model turn's request:
+each request is the prompt's own ids (one image token per image) and the episode so far, and the engine
+expands the image tokens again. The completion's ``prompt_ids`` are the prompt as the engine expanded it
+(what the model read, and what the trainer trains on); the budget counts that expanded length. Tool
+observations are text: a tool cannot return an image (yet).
 """
 
 from __future__ import annotations
@@ -75,30 +81,54 @@ class AgentLoop:
         for tool in self.tools.values():
             tool.close()
 
-    def run(self, prompts: Sequence[Sequence[int]], params: SamplingParams) -> list[list[Completion]]:
+    def run(
+        self,
+        prompts: Sequence[Sequence[int]],
+        params: SamplingParams,
+        multi_modal: Sequence[Mapping | None] | None = None,
+    ) -> list[list[Completion]]:
         """``params.n`` episodes per prompt (``result[i][j]``: prompt ``i``'s ``j``-th), each seeded as
-        :func:`~rlcore.api.request_seeds` seeds the ``j``-th sample of a generate call."""
-        return asyncio.run(self.arun(prompts, params))
+        :func:`~rlcore.api.request_seeds` seeds the ``j``-th sample of a generate call. ``multi_modal``:
+        each prompt's images (``{"image": [PIL.Image, ...]}`` or None), as :meth:`RolloutEngine.generate`
+        takes them."""
+        return asyncio.run(self.arun(prompts, params, multi_modal))
 
-    async def arun(self, prompts: Sequence[Sequence[int]], params: SamplingParams) -> list[list[Completion]]:
+    async def arun(
+        self,
+        prompts: Sequence[Sequence[int]],
+        params: SamplingParams,
+        multi_modal: Sequence[Mapping | None] | None = None,
+    ) -> list[list[Completion]]:
         gate = asyncio.Semaphore(self.max_concurrent)
+        if multi_modal is not None and len(multi_modal) != len(prompts):
+            raise ValueError(
+                f"{len(multi_modal)} media entries for {len(prompts)} prompts; give one per prompt"
+            )
+        media = list(multi_modal) if multi_modal is not None else [None] * len(prompts)
 
-        async def bounded(prompt: Sequence[int], seed: int | None) -> Completion:
+        async def bounded(prompt: Sequence[int], seed: int | None, images: Mapping | None) -> Completion:
             async with gate:
-                return await self.episode(prompt, attrs.evolve(params, n=1, seed=seed))
+                return await self.episode(prompt, attrs.evolve(params, n=1, seed=seed), images)
 
         tasks = [
-            [bounded(prompt, seed) for seed in request_seeds(params, i)] for i, prompt in enumerate(prompts)
+            [bounded(prompt, seed, media[i]) for seed in request_seeds(params, i)]
+            for i, prompt in enumerate(prompts)
         ]
         flat = await asyncio.gather(*(t for group in tasks for t in group))
         n = params.n
         return [list(flat[i * n : (i + 1) * n]) for i in range(len(prompts))]
 
-    async def episode(self, prompt: Sequence[int], params: SamplingParams) -> Completion:
-        """One episode from ``prompt`` with ``params`` (``n`` must be 1): see the module docstring."""
+    async def episode(
+        self, prompt: Sequence[int], params: SamplingParams, multi_modal: Mapping | None = None
+    ) -> Completion:
+        """One episode from ``prompt`` with ``params`` (``n`` must be 1) and the prompt's images
+        ``multi_modal`` (or None): see the module docstring."""
         if params.n != 1:
             raise ValueError(f"an episode samples one response; got n={params.n}")
         prompt = [int(t) for t in prompt]
+        # Only a prompt with images passes them: text-only engines need not take the keyword.
+        media = {"multi_modal": multi_modal} if multi_modal is not None else {}
+        read = prompt  # the prompt as the engine read it (its image tokens expanded), set by turn 1
         budget = min(params.max_tokens, self.limits.max_model_len - len(prompt))
         ids: list[int] = []
         mask: list[int] = []
@@ -108,7 +138,11 @@ class AgentLoop:
         turn_ids: list[int] = []
         while budget - len(ids) >= 1:
             request = attrs.evolve(params, max_tokens=budget - len(ids), seed=turn_seed(params.seed, turns))
-            (out,) = await self.engine.agenerate(prompt + ids, request)
+            (out,) = await self.engine.agenerate(prompt + ids, request, **media)
+            if not ids and out.prompt_ids is not None and list(out.prompt_ids) != prompt:
+                # Turn 1 expanded the image tokens: the rest of the episode fits beside that prompt.
+                read = [int(t) for t in out.prompt_ids]
+                budget = min(budget, self.limits.max_model_len - len(read))
             turn_ids = list(out.token_ids)
             ids += turn_ids
             mask += [1] * len(turn_ids)
@@ -136,7 +170,7 @@ class AgentLoop:
             log_probs += [0.0] * len(observation)
         info = {"turns": turns, "tool_calls": calls, "tool_errors": errors, "stop_reason": stop_reason}
         return Completion(
-            prompt_ids=prompt,
+            prompt_ids=read,
             token_ids=ids,
             log_probs=log_probs if params.logprobs else None,
             finish_reason="length" if stop_reason in ("length", "budget") else "stop",

@@ -219,12 +219,19 @@ class RolloutRole:
         agent: Any,
         tokenizer_path: str,
         rows: Sequence[dict[str, Any]] | None = None,
+        multi_modal: Sequence[Any] | None = None,
     ) -> list[list[Completion]]:
         """Like :meth:`generate`, but each sample is a multi-turn episode with tools (``agent``: the
         ``agent:`` section); completions carry ``response_mask`` (0 on tool tokens) and ``info``.
+        ``multi_modal[i]``: prompt ``i``'s images, sent with each of its model turns.
 
         With an agent program (``agent.program``/``agent.command``) each episode is a run of it against
         the replica's chat endpoint, given the prompt's data row ``rows[i]`` (:mod:`rlcore.endpoint`)."""
+        if getattr(agent, "uses_program", False) and multi_modal is not None:
+            raise ValueError(
+                "agent.program/agent.command: the chat endpoint takes text messages only, and these prompts "
+                "carry images; use the built-in tool loop (agent.tools) for image prompts, or text prompts"
+            )
         if getattr(agent, "uses_program", False):
             from rlcore.endpoint.programs import EpisodeTask
 
@@ -232,6 +239,9 @@ class RolloutRole:
                 raise ValueError("agent programs need each prompt's data row (rows=) beside its token ids")
             tasks = [EpisodeTask(list(p), dict(r)) for p, r in zip(prompts, rows, strict=True)]
             parts = self.group.dispatch("run_agent_programs", tasks, params, agent, tokenizer_path)
+        elif multi_modal is not None:
+            requests = [(list(p), m) for p, m in zip(prompts, multi_modal, strict=True)]
+            parts = self.group.dispatch("run_episodes_with_media", requests, params, agent, tokenizer_path)
         else:
             parts = self.group.dispatch(
                 "run_episodes", [list(p) for p in prompts], params, agent, tokenizer_path

@@ -541,14 +541,29 @@ class RolloutWorker(Worker):
 
     @reports_phase
     def run_episodes(
-        self, prompts: list[list[int]], params: SamplingParams, agent: Any, tokenizer_path: str
+        self,
+        prompts: list[list[int]],
+        params: SamplingParams,
+        agent: Any,
+        tokenizer_path: str,
+        multi_modal: list | None = None,
     ) -> list[list[Completion]]:
         """Multi-turn episodes with tools (:mod:`rlcore.agents`) instead of single turns: ``params.n``
         per prompt, as :meth:`generate` returns them. ``agent`` is the ``agent:`` section; the tools and
-        the tokenizer (from ``tokenizer_path``) are built on the first call and kept while it is unchanged."""
+        the tokenizer (from ``tokenizer_path``) are built on the first call and kept while it is unchanged.
+        ``multi_modal``: each prompt's images, sent with every model turn."""
         if not prompts:  # as in generate
             return []
-        return self._agent_loop(agent, tokenizer_path).run(prompts, params)
+        return self._agent_loop(agent, tokenizer_path).run(prompts, params, multi_modal)
+
+    def run_episodes_with_media(
+        self, requests: list[tuple[list[int], Any]], params: SamplingParams, agent: Any, tokenizer_path: str
+    ) -> list[list[Completion]]:
+        """:meth:`run_episodes` of ``(prompt, media)`` pairs (sharded together across replicas)."""
+        if not requests:
+            return []
+        prompts, media = [r[0] for r in requests], [r[1] for r in requests]
+        return self.run_episodes(prompts, params, agent, tokenizer_path, media)
 
     @reports_phase
     def run_agent_programs(

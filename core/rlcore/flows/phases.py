@@ -91,24 +91,22 @@ def generate(
     if "uid" not in prompts.objects:
         prompts.objects["uid"] = ctx.new_uids(len(prompts))
     agent = getattr(ctx.config, "agent", None)
-    if agent is not None and agent.enabled and prompt_media(prompts) is not None:
-        raise ValueError(
-            "agent.enabled: multi-turn episodes do not carry images yet (docs/vision.md); the data has "
-            "image rows (data.image_key) — disable the agent or use text prompts"
-        )
+    media = prompt_media(prompts)
     with ctx.phase(phase):
         ctx.memory.use("generate")
         if agent is not None and agent.enabled:
             model = ctx.config.model
+            # Images go with every model turn of an episode (the keyword only when there are any).
             completions = ctx.rollout.run_episodes(
                 prompt_token_ids(prompts),
                 params,
                 agent,
                 model.tokenizer_path or model.path,
                 rows=prompt_rows(prompts) if agent.uses_program else None,
+                **({} if media is None else {"multi_modal": media}),
             )
-        elif prompt_media(prompts) is not None:
-            completions = ctx.rollout.generate(prompt_token_ids(prompts), params, prompt_media(prompts))
+        elif media is not None:
+            completions = ctx.rollout.generate(prompt_token_ids(prompts), params, media)
         else:
             completions = ctx.rollout.generate(prompt_token_ids(prompts), params)
     return assemble_generated(ctx, prompts, completions)

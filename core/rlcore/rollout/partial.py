@@ -193,10 +193,12 @@ class VersionedRollout:
         agent: Any,
         tokenizer_path: str,
         rows: Sequence[dict[str, Any]] | None = None,
+        multi_modal: Sequence | None = None,
     ) -> list[list[Completion]]:
         """As ``RolloutRole.run_episodes``, each episode in one call (its tokens share a version)."""
+        media = {} if multi_modal is None else {"multi_modal": list(multi_modal)}
         with self._hold() as version:
-            groups = self.rollout.run_episodes(prompts, params, agent, tokenizer_path, rows=rows)
+            groups = self.rollout.run_episodes(prompts, params, agent, tokenizer_path, rows=rows, **media)
         return [[_stamped(c, version) for c in group] for group in groups]
 
     def _generate_in_chunks(

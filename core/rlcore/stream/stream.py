@@ -214,8 +214,14 @@ class RolloutStream:
         self._name(ctx, new)
         model = ctx.config.model
         rows = [prompt_rows(g.prompt)[0] for g in new] if self.agent.uses_program else None
+        media = _media(new)  # each prompt's images, sent with every model turn of its episodes
         results = ctx.rollout.run_episodes(
-            [g.ids for g in new], params, self.agent, model.tokenizer_path or model.path, rows=rows
+            [g.ids for g in new],
+            params,
+            self.agent,
+            model.tokenizer_path or model.path,
+            rows=rows,
+            **({"multi_modal": media[0]} if media else {}),
         )
         for g, completions in zip(new, results, strict=True):
             for c in completions:

@@ -359,3 +359,23 @@ def test_weight_group_ranks_follow_the_engines_devices():
     )
     _join_weight_group(actor, rollout, "sglang-distributed", "config", sender=1)  # joined once
     assert sum(call[0] == "join_weight_group" for call in rollout.group.calls) == 1
+
+
+def test_image_prompts_for_an_agent_program_are_refused_by_name():
+    """The chat endpoint an agent program talks to takes text messages: image prompts stop before any
+    replica is called, with what to use instead."""
+
+    class NoGroup:
+        def dispatch(self, *args, **kwargs):
+            raise AssertionError("no replica may be called")
+
+    role = RolloutRole(NoGroup())
+    with pytest.raises(ValueError, match=r"agent.program/agent.command: .* use the built-in tool loop"):
+        role.run_episodes(
+            [[1, 2]],
+            SamplingParams(),
+            SimpleNamespace(uses_program=True),
+            "tokenizer",
+            rows=[{}],
+            multi_modal=[{"image": []}],
+        )
