@@ -139,7 +139,7 @@ class AgentLoop:
         while budget - len(ids) >= 1:
             request = attrs.evolve(params, max_tokens=budget - len(ids), seed=turn_seed(params.seed, turns))
             (out,) = await self.engine.agenerate(prompt + ids, request, **media)
-            if not ids and out.prompt_ids is not None and list(out.prompt_ids) != prompt:
+            if media and not ids:
                 # Turn 1 expanded the image tokens: the rest of the episode fits beside that prompt.
                 read = [int(t) for t in out.prompt_ids]
                 budget = min(budget, self.limits.max_model_len - len(read))
