@@ -31,11 +31,12 @@ def caller(tmp_path_factory):
     return fit_tiny_vlm_answer(tiny, base / "tiny-vlm-caller", PROMPT, solid_image((255, 0, 0)), CALL)
 
 
-def _episodes(model_path, images, **kwargs):
+def _episodes(model_path, images, n=2, wrap=lambda engine: engine):
+    """``n`` episodes of the prompt with ``images`` on the HF rollout (``wrap``: a stand-in around it)."""
     vision = VisionInputs.for_model(model_path)
     engine = HFRollout(RolloutSpec(model_path=str(model_path), max_model_len=256), None, get_platform("cpu"))
     loop = AgentLoop(
-        engine,
+        wrap(engine),
         vision.tokenizer,
         build_tools(["calculator"]),
         EpisodeLimits(max_turns=2, max_model_len=256),
@@ -45,7 +46,7 @@ def _episodes(model_path, images, **kwargs):
     text = vision.tokenizer.apply_chat_template(messages, add_generation_prompt=True, tokenize=False)
     prompt = vision.tokenizer(text)["input_ids"]
     media = {"image": images}
-    (episodes,) = loop.run([prompt], SamplingParams(n=2, max_tokens=96, seed=1, **kwargs), [media])
+    (episodes,) = loop.run([prompt], SamplingParams(n=n, max_tokens=96, seed=1), [media])
     return vision, text, prompt, media, episodes
 
 
@@ -76,34 +77,19 @@ def test_an_episode_whose_later_turns_read_another_image_fails_the_same_check(ca
     """The check above can fail: an engine that reads another image on the later turns (a stale image
     cache, say) writes second turns whose log-probs are not the float64 forward's with the prompt's image."""
     image, other = solid_image((255, 0, 0)), solid_image((0, 0, 255))
-    vision = VisionInputs.for_model(caller)
-    engine = HFRollout(RolloutSpec(model_path=str(caller), max_model_len=256), None, get_platform("cpu"))
 
     class StaleImage:
         """The HF rollout, reading ``other`` instead of the request's image after the first request."""
 
-        spec = engine.spec
-
-        def __init__(self):
-            self.calls = 0
+        def __init__(self, engine):
+            self.engine, self.spec, self.calls = engine, engine.spec, 0
 
         async def agenerate(self, prompt, params, *, multi_modal=None):
             self.calls += 1
             media = multi_modal if self.calls == 1 else {"image": [other]}
-            return await engine.agenerate(prompt, params, multi_modal=media)
+            return await self.engine.agenerate(prompt, params, multi_modal=media)
 
-    loop = AgentLoop(
-        StaleImage(),
-        vision.tokenizer,
-        build_tools(["calculator"]),
-        EpisodeLimits(max_turns=2, max_model_len=256),
-        Observations(vision.tokenizer, 16),
-    )
-    messages = image_parts([{"role": "user", "content": PROMPT}], 1, "row")
-    text = vision.tokenizer.apply_chat_template(messages, add_generation_prompt=True, tokenize=False)
-    prompt = vision.tokenizer(text)["input_ids"]
-    media = {"image": [image]}
-    (episodes,) = loop.run([prompt], SamplingParams(n=1, max_tokens=96, seed=1), [media])
+    vision, text, _, media, episodes = _episodes(caller, [image], n=1, wrap=StaleImage)
     (c,) = episodes
     assert c.info["turns"] == 2, c.info
     (ref,) = float64_log_probs(caller, vision, [text], [media], [episodes])

@@ -60,6 +60,17 @@ def _data(folder, n=8):
     return path
 
 
+def _expanded_mean_length(vision, data, rows, indices):
+    """The mean length of rows ``indices``' prompts as the model's own processor expands their images."""
+    lengths = []
+    for i in indices:
+        messages = image_parts(rows[i]["prompt"], 1, "row")
+        text = vision.tokenizer.apply_chat_template(messages, add_generation_prompt=True, tokenize=False)
+        image = Image.open(data.parent / rows[i]["images"][0]).convert("RGB")
+        lengths.append(len(vision.processor(text=[text], images=[image])["input_ids"][0]))
+    return sum(lengths) / len(lengths)
+
+
 #: The modes; the overlapping ones cut each response into generate calls of 3 tokens (the 8-token
 #: responses continue over 2-3 calls, the prompt's images sent with each) and stay on-policy
 #: (``max_staleness=0``), so the trainer's log-probs must still equal the rollout's.
@@ -97,13 +108,7 @@ def test_rlcore_train_carries_images_from_the_data_to_the_rollout_and_the_traine
     rows = [json.loads(line) for line in data.read_text().splitlines()]
     steps = {s["step"]: s["index"] for s in read_samples(run_dir / SAMPLES_FILE)}
     for r in records:
-        lengths = []
-        for i in steps[r["step"]]:
-            messages = image_parts(rows[i]["prompt"], 1, "row")
-            text = vision.tokenizer.apply_chat_template(messages, add_generation_prompt=True, tokenize=False)
-            image = Image.open(data.parent / rows[i]["images"][0]).convert("RGB")
-            lengths.append(vision.processor(text=[text], images=[image])["input_ids"][0].__len__())
-        assert r["prompt_length/mean"] == sum(lengths) / len(lengths), r
+        assert r["prompt_length/mean"] == _expanded_mean_length(vision, data, rows, steps[r["step"]]), r
         # The trainer's log-probs, with the images, are the rollout's.
         assert r["rollout/logprob_diff_mean"] < GAP and r["rollout/mismatch_k3_kl"] < GAP, r
         assert r["sync/logprob_diff_max"] < GAP if "sync/logprob_diff_max" in r else True
@@ -173,9 +178,8 @@ def test_agent_episodes_on_image_prompts_train_on_what_the_rollout_read(tmp_path
     )
     data = _data(tmp_path / "data")
     rows = [json.loads(line) for line in data.read_text().splitlines()]
-    data.write_text(
-        "".join(json.dumps({**r, "prompt": [{"role": "user", "content": prompt}]}) + "\n" for r in rows)
-    )
+    rows = [{**r, "prompt": [{"role": "user", "content": prompt}]} for r in rows]
+    data.write_text("".join(json.dumps(r) + "\n" for r in rows))
     for r in rows:  # the image the model was fitted on, in every row's file
         solid_image((255, 0, 0)).save(data.parent / r["images"][0])
     _, run_dir = rlcore_train(
@@ -195,10 +199,4 @@ def test_agent_episodes_on_image_prompts_train_on_what_the_rollout_read(tmp_path
         # Most episodes called the tool and wrote a second turn after its message.
         assert r["agent/turns/mean"] > 1.5 and r["agent/tool_token_fraction"] > 0, r
         assert r["rollout/logprob_diff_mean"] < GAP and r["rollout/mismatch_k3_kl"] < GAP, r
-        lengths = []
-        for i in steps[r["step"]]:
-            messages = image_parts([{"role": "user", "content": prompt}], 1, "row")
-            text = vision.tokenizer.apply_chat_template(messages, add_generation_prompt=True, tokenize=False)
-            image = Image.open(data.parent / rows[i]["images"][0]).convert("RGB")
-            lengths.append(len(vision.processor(text=[text], images=[image])["input_ids"][0]))
-        assert r["prompt_length/mean"] == sum(lengths) / len(lengths), r
+        assert r["prompt_length/mean"] == _expanded_mean_length(vision, data, rows, steps[r["step"]]), r
