@@ -102,3 +102,27 @@ def test_concat_pads_token_fields_only_with_a_declared_pad_id():
         Batch.concat([batch(1, 0), batch(2, 1)])
     # Equal widths need no padding, hence no pad id.
     assert Batch.concat([batch(2, None), batch(2, None)])["responses"].shape == (2, 2)
+
+
+def test_pinnable_makes_an_expanded_tensor_dense_with_the_same_values():
+    # An expanded position row (the VLM's 3-row mrope positions) has stride 0 on dim 0; pin_memory refuses
+    # it ("more than one element of the written-to tensor refers to a single memory location"), so the
+    # pinned path copies it dense first. Dense tensors pass through untouched (no extra copy).
+    from rlcore.api.batch import pinnable
+
+    positions = torch.arange(6).view(1, 1, 6).expand(3, 2, 6)
+    dense = pinnable(positions)
+    assert dense.is_contiguous() and 0 not in dense.stride()
+    assert torch.equal(dense, torch.arange(6).repeat(3, 2, 1))
+    ids = torch.arange(12).view(2, 6)
+    assert pinnable(ids) is ids
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
+def test_to_device_pins_an_expanded_tensor():
+    from rlcore.api.batch import to_device
+
+    positions = torch.arange(6).view(1, 1, 6).expand(3, 2, 6)
+    moved = to_device(positions, "cuda", pin=True)
+    assert torch.equal(moved.cpu(), positions)

@@ -200,8 +200,14 @@ def to_device(tensor: torch.Tensor, device: torch.device | str, pin: bool = Fals
     accelerator): a copy from pageable memory first waits for every kernel already queued, so the host
     could not prepare the next micro-batch while the device computes this one."""
     if pin and tensor.device.type == "cpu":
-        return tensor.pin_memory().to(device, non_blocking=True)
+        return pinnable(tensor).pin_memory().to(device, non_blocking=True)
     return tensor.to(device)
+
+
+def pinnable(tensor: torch.Tensor) -> torch.Tensor:
+    """``tensor``, made dense where it is not: ``pin_memory`` copies into a buffer of the same strides
+    and refuses one whose elements share memory (an ``expand``-ed mask or position row)."""
+    return tensor if tensor.is_contiguous() else tensor.contiguous()
 
 
 def _pad_to_common(key: str, batches: list[Batch]) -> list[torch.Tensor]:
