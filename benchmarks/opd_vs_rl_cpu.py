@@ -14,6 +14,7 @@ and the goal: OPD reaches RL's final accuracy in at most a third of RL's steps.
     python benchmarks/opd_vs_rl_cpu.py --name opd-vs-rl --rl-run DIR     # reuse a finished RL run
     python benchmarks/opd_vs_rl_cpu.py --name short --opd-steps 4        # the goal's steps only
     python benchmarks/opd_vs_rl_cpu.py --name lr --rl-run DIR --opd actor.optim.lr=3e-5   # OPD only
+    python benchmarks/opd_vs_rl_cpu.py --name t20 --rl-run DIR --teacher-run DIR20   # a teacher trained longer
 
 Writes ``benchmarks/results/opd-vs-rl/<name>.json`` and ``<name>.png``; extra ``key=value`` arguments go
 to both ``rlcore train`` commands.
@@ -111,6 +112,12 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--name", default="opd-vs-rl", help="result file name (and run names)")
     parser.add_argument("--rl-run", type=Path, help="a finished RL run directory to reuse (its teacher too)")
+    parser.add_argument(
+        "--teacher-run",
+        type=Path,
+        help="a finished run whose last checkpoint is the teacher (default: the RL run's), e.g. the RL run "
+        "resumed for more steps",
+    )
     parser.add_argument("--opd-steps", type=int, default=RL_STEPS, help="OPD steps (default: RL's 10)")
     parser.add_argument("--out", type=Path, help="where the runs go (default: a new folder under /tmp)")
     parser.add_argument("--rlcore", default=str(Path(sys.executable).with_name("rlcore")))
@@ -131,7 +138,8 @@ def main(argv: list[str] | None = None) -> int:
     if rl_dir is None:
         rl_dir = out / f"{args.name}-rl"
         rl_wall = run(rlcore, out, rl_dir.name, [*COMMON, *args.overrides])
-    checkpoint = max((rl_dir / "checkpoints").glob("step_*"), key=lambda p: int(p.name.split("_")[1]))
+    teacher_run = args.teacher_run or rl_dir
+    checkpoint = max((teacher_run / "checkpoints").glob("step_*"), key=lambda p: int(p.name.split("_")[1]))
     teacher = out / f"{args.name}-teacher"
     if not (teacher / "config.json").is_file():
         subprocess.run([*rlcore, "export", str(checkpoint), "--out", str(teacher)], check=True)
@@ -156,6 +164,8 @@ def main(argv: list[str] | None = None) -> int:
             "opd": "rlcore train " + " ".join(opd).replace(str(teacher), "TEACHER"),
         },
         "held_out": HELD_OUT,
+        "teacher_checkpoint": str(checkpoint),
+        "teacher_val": [p["accuracy"] for p in curve(teacher_run)][-1],
         "rl": rl_points,
         "opd": opd_points,
         "rl_wall_s": rl_wall,
@@ -199,6 +209,9 @@ def plot(result: dict, path: Path) -> None:
         acc = [p["accuracy"] for p in points]
         axes[0].plot([p["step"] for p in points], acc, marker="o", label=label)
         axes[1].plot([p["train_s"] / 60 for p in points], acc, marker="o", label=label)
+    if result.get("teacher_val") is not None:
+        for ax in axes:
+            ax.axhline(result["teacher_val"], ls=":", color="gray", label="the teacher")
     axes[0].set_xlabel("step")
     axes[1].set_xlabel("training wall time (min, validation excluded)")
     axes[0].set_ylabel(f"accuracy on {result['held_out']} held-out sums")
