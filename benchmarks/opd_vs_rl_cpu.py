@@ -165,7 +165,7 @@ def main(argv: list[str] | None = None) -> int:
         },
         "held_out": HELD_OUT,
         "teacher_checkpoint": str(checkpoint),
-        "teacher_val": [p["accuracy"] for p in curve(teacher_run)][-1],
+        "teacher_val": curve(teacher_run)[-1]["accuracy"],
         "rl": rl_points,
         "opd": opd_points,
         "rl_wall_s": rl_wall,

@@ -205,9 +205,10 @@ def to_device(tensor: torch.Tensor, device: torch.device | str, pin: bool = Fals
 
 
 def pinnable(tensor: torch.Tensor) -> torch.Tensor:
-    """``tensor``, made dense where it is not: ``pin_memory`` copies into a buffer of the same strides
-    and refuses one whose elements share memory (an ``expand``-ed mask or position row)."""
-    return tensor if tensor.is_contiguous() else tensor.contiguous()
+    """``tensor``, made dense where it is not (a dense one is returned as is): ``pin_memory`` copies into
+    a buffer of the same strides and refuses one whose elements share memory (an ``expand``-ed mask or
+    position row)."""
+    return tensor.contiguous()
 
 
 def _pad_to_common(key: str, batches: list[Batch]) -> list[torch.Tensor]:
