@@ -134,20 +134,20 @@ def test_no_doc_points_at_a_deleted_script():
 
 def test_plan_ships_full_chunks_one_call_each_and_runs_with_the_small_ones():
     calls = plan.plan(["step-rlcore"], use_built=False)
-    assert [c.carry for c in calls[:4]] == [[f".gpu/vllm/c{k}"] for k in range(1, 5)]
-    assert all(c.command == "python3 -m benchmarks.gpu ship" for c in calls[:4])
+    assert [c.carry for c in calls[:5]] == [[f".gpu/vllm/c{k}"] for k in range(1, 6)]
+    assert all(c.command == "python3 -m benchmarks.gpu ship" for c in calls[:5])
     # unpacking, installing and rlcore's five steps do not fit one call: a chain, then a wait
-    assert calls[4].command == "python3 -m benchmarks.gpu --chain step-rlcore"
-    assert calls[4].carry == [".gpu/vllm/c5", ".gpu/tools"]
-    assert calls[5].command == "python3 -m benchmarks.gpu wait" and calls[5].carry == []
+    assert calls[5].command == "python3 -m benchmarks.gpu --chain step-rlcore"
+    assert calls[5].carry == [".gpu/vllm/c6", ".gpu/tools"]
+    assert calls[6].command == "python3 -m benchmarks.gpu wait" and calls[6].carry == []
     assert {c.kind for c in calls} == {"nvidia-h100-x1"}
 
 
 def test_plan_for_both_engines_and_for_a_one_chunk_bundle():
     calls = plan.plan(["engines-bench"], use_built=False)
-    assert len(calls) == 8  # vLLM c1-c4, SGLang c1-c3, then the last chunks of both with zstd
+    assert len(calls) == 10  # vLLM c1-c5, SGLang c1-c4, then the last chunks of both with zstd
     assert calls[-1].command == "python3 -m benchmarks.gpu engines-bench"
-    assert calls[-1].carry == [".gpu/sglang/c4", ".gpu/vllm/c5", ".gpu/tools"]
+    assert calls[-1].carry == [".gpu/sglang/c5", ".gpu/vllm/c6", ".gpu/tools"]
     calls = plan.plan(["megatron-pair-0.5b", "megatron-pair-1.5b", "megatron-tp2"], use_built=False)
     assert [c.as_dict() for c in calls] == [
         {

@@ -16,7 +16,7 @@ from .bundles import BUNDLES, TOOLS, TOOLS_MIB, built_chunk_mib
 from .stages import STAGES, Stage
 
 #: What one call may carry, with room for the checkout that travels with it (64 MiB in all).
-CARRY_MIB = 56
+CARRY_MIB = 48
 #: Seconds of work one call runs in the foreground, inside its 600 s limit (start-up and collecting aside).
 CALL_SECONDS = 540
 #: What a `wait` call waits for the chain before it collects (WAIT overrides it on the machine).
