@@ -44,9 +44,9 @@ demo: setup
 test: setup
 	# The slowest tests are listed at the end: CI keeps the whole run under 45 minutes.
 	# Two processes, a test file each at a time (--dist loadfile: a file's fixtures are built once): much of
-	# the suite waits (Ray and engine start-up, subprocesses, failure detection), one process used 58-127%
-	# of the 2 cores in the tests measured. Two, not one per core of a bigger box: two heavy tests at once
-	# (vLLM, SmolLM2) fit in 24 GiB, more may not. TEST_WORKERS=0 runs the suite in one process.
+	# the suite waits (Ray and engine start-up, subprocesses, failure detection), in one process the two tests measured
+	# used 58% and 127% of one core's time, of the two cores' 200%. Two, not one per core of a bigger box:
+	# two heavy tests at once (vLLM, SmolLM2) fit in 24 GiB, more may not. TEST_WORKERS=0: one process.
 	$(PY) -m pytest -q -n $(TEST_WORKERS) --dist loadfile --durations=30
 
 lint: setup

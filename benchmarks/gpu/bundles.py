@@ -32,7 +32,8 @@ LOCAL = ".gpu"
 TOOLS = f"{LOCAL}/tools"
 #: Roughly what zstd and its libraries weigh: the plan counts it against a call's carry.
 TOOLS_MIB = 1.5
-# 40 MiB leaves 24 MiB of a call's 64 for the checkout that travels with every call (15 MiB on 2026-12-07).
+# 40 MiB: a chunk (with zstd and smaller last chunks, up to plan.CARRY_MIB) and the checkout that travels
+# with every call (15 MiB on 2026-12-07) fit a call's 64 MiB; 48 MiB chunks no longer did.
 CHUNK_BYTES = 40 << 20
 
 # What the GPU image lacks for an rlcore run with Ray (it has torch, transformers, pluggy, attrs, pyarrow,

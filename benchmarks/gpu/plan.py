@@ -15,7 +15,8 @@ from dataclasses import dataclass, field
 from .bundles import BUNDLES, TOOLS, TOOLS_MIB, built_chunk_mib
 from .stages import STAGES, Stage
 
-#: What one call may carry, with room for the checkout that travels with it (64 MiB in all).
+#: What one call may carry of bundles: 16 MiB of a call's 64 stay for the checkout that travels with it
+#: (15 MiB on 2026-12-07).
 CARRY_MIB = 48
 #: Seconds of work one call runs in the foreground, inside its 600 s limit (start-up and collecting aside).
 CALL_SECONDS = 540
